@@ -1,0 +1,8 @@
+//! `strata chat` (being written).
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`strata chat` is not implemented yet")
+}

@@ -1,0 +1,1 @@
+//! Loading a model for any subcommand: path → GGUF → the chosen backend behind `engine::Backend`.

@@ -1,0 +1,8 @@
+//! `strata logits` (being written).
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`strata logits` is not implemented yet")
+}

@@ -1,0 +1,74 @@
+//! The `strata` command line: one binary, one subcommand per job. Each subcommand lives in its own
+//! file with its clap `Args` and a `run` function; this file only dispatches and reports errors as
+//! one line `error: …` with a non-zero exit code.
+
+pub mod bench;
+pub mod chat;
+pub mod inspect;
+pub mod load;
+pub mod logits;
+pub mod run;
+pub mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "strata", version, about = "Inference engine and server for Qwen3.8-Flash-Next GGUF models (wgpu + CPU reference)")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the model over HTTP (OpenAI- and Anthropic-compatible). Without --model, serves a tiny built-in demo model.
+    Serve(serve::Args),
+    /// Generate text from a prompt and stream it to stdout.
+    Run(run::Args),
+    /// Interactive terminal chat.
+    Chat(chat::Args),
+    /// Measure prefill / decode speed and bandwidth.
+    Bench(bench::Args),
+    /// Print a GGUF's metadata, tensors and the model config as the engine reads it.
+    Inspect(inspect::Args),
+    /// Compute logits for token ids or a prompt and write them as .npy.
+    Logits(logits::Args),
+}
+
+/// Entry point used by `main`; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    init_tracing();
+    let result = match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Logits(a) => logits::run(a),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            // One line a person can act on; the chain gives the cause after the context.
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {msg}");
+            1
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

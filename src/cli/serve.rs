@@ -1,0 +1,8 @@
+//! `strata serve` (being written).
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`strata serve` is not implemented yet")
+}

@@ -1,0 +1,53 @@
+//! The seam between a forward pass (CPU reference in `model`, GPU in `gpu`) and everything that
+//! consumes logits (sampler, CLI, server). A `Backend` is a loaded model; a `Sequence` is one
+//! request's state (recurrent GDN/PLE state, KV and indexer caches) and the tokens fed so far.
+//!
+//! Contract every backend keeps (DEVELOPERS.md rule 1): the logits of a position depend only on the
+//! tokens up to it — never on how the tokens were split across `feed` calls, on other sequences, on
+//! timing, or on where a weight lives.
+
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A non-finite value was found; `stage` names the first stage that produced one
+    /// (e.g. "layer 3 QSA attention output"), `position` the absolute token position.
+    #[error("non-finite value in {stage} at token position {position}")]
+    NonFinite { stage: String, position: usize },
+    /// The request would run past the context the sequence was created with.
+    #[error("context overflow: {needed} tokens needed, context is {ctx}")]
+    ContextOverflow { needed: usize, ctx: usize },
+    #[error("token id {id} is outside the vocabulary ({vocab})")]
+    BadToken { id: u32, vocab: usize },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What the rest of the program needs to know about the loaded model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// Human-readable model name (GGUF `general.name` or the file stem).
+    pub name: String,
+    pub vocab_size: usize,
+    /// Maximum context the backend will accept per sequence.
+    pub context_length: usize,
+    /// "cpu" or "gpu (<adapter name>)".
+    pub backend: String,
+}
+
+pub trait Backend: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+    /// A fresh sequence at position 0.
+    fn new_sequence(self: Arc<Self>) -> Result<Box<dyn Sequence>, EngineError>;
+}
+
+pub trait Sequence: Send {
+    /// Tokens fed so far (the absolute position of the next token is `tokens().len()`).
+    fn tokens(&self) -> &[u32];
+    /// Feed `tokens` after the ones already fed. Returns logits row-major: `[tokens.len(), vocab]`
+    /// when `all_logits`, else `[1, vocab]` for the last fed token. Every row is checked for
+    /// non-finite values. On error the sequence is left unusable (callers drop it).
+    fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError>;
+    /// A deep copy of the state (used by the prompt cache). Backends that cannot copy return None.
+    fn fork(&self) -> Option<Box<dyn Sequence>>;
+}
