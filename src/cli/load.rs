@@ -1,1 +1,122 @@
 //! Loading a model for any subcommand: path → GGUF → the chosen backend behind `engine::Backend`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use crate::engine::Backend;
+use crate::gguf::Gguf;
+use crate::model::CpuBackend;
+use crate::model::demo::demo_gguf;
+
+/// The model flags every model-using subcommand shares (`#[command(flatten)]` them).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (first shard of a split model). Without it, the tiny built-in demo model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Which forward pass runs the model.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendChoice,
+    /// Maximum tokens per sequence (0 = the model's context length).
+    #[arg(long, default_value_t = 0)]
+    pub ctx: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The GPU when one is usable, else the CPU.
+    Auto,
+    /// The CPU reference forward pass.
+    Cpu,
+    /// The wgpu forward pass.
+    Gpu,
+}
+
+impl ModelArgs {
+    /// Opens the model and loads the chosen backend.
+    pub fn load(&self) -> anyhow::Result<Arc<dyn Backend>> {
+        let gguf = open_gguf(self.model.as_deref())?;
+        load_backend(gguf, self.backend, self.ctx)
+    }
+}
+
+/// Opens a GGUF file, or the built-in demo model when `path` is `None`.
+pub fn open_gguf(path: Option<&Path>) -> anyhow::Result<Arc<Gguf>> {
+    let gguf = match path {
+        Some(p) => Gguf::open(p).with_context(|| format!("opening model {}", p.display()))?,
+        None => demo_gguf().context("opening the built-in demo model")?,
+    };
+    Ok(Arc::new(gguf))
+}
+
+/// Progress shown only once loading has taken more than a second (tiny models load silently).
+struct LoadProgress {
+    started: Instant,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl LoadProgress {
+    const SHOW_AFTER: Duration = Duration::from_secs(1);
+
+    fn new() -> Self {
+        LoadProgress {
+            started: Instant::now(),
+            bar: None,
+        }
+    }
+
+    fn update(&mut self, done: usize, total: usize) {
+        if self.bar.is_none() && self.started.elapsed() > Self::SHOW_AFTER {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "loading {bar:30} layer {pos}/{len} {elapsed}",
+            ) {
+                bar.set_style(style);
+            }
+            self.bar = Some(bar);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+        }
+    }
+
+    fn finish(self) {
+        if let Some(bar) = self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Loads `gguf` on the chosen backend. `ctx` caps the context per sequence (0 = the model's).
+pub fn load_backend(
+    gguf: Arc<Gguf>,
+    choice: BackendChoice,
+    ctx: usize,
+) -> anyhow::Result<Arc<dyn Backend>> {
+    match choice {
+        BackendChoice::Cpu => load_cpu(gguf, ctx),
+        BackendChoice::Auto | BackendChoice::Gpu => {
+            match crate::gpu::backend::load_for_cli(
+                gguf.clone(),
+                ctx,
+                choice == BackendChoice::Gpu,
+            )? {
+                Some(backend) => Ok(backend),
+                None => load_cpu(gguf, ctx),
+            }
+        }
+    }
+}
+
+fn load_cpu(gguf: Arc<Gguf>, ctx: usize) -> anyhow::Result<Arc<dyn Backend>> {
+    let name = gguf.name().to_string();
+    let mut progress = LoadProgress::new();
+    let backend =
+        CpuBackend::load_with_progress(gguf, ctx, &mut |done, total| progress.update(done, total))
+            .with_context(|| format!("loading {name} on the CPU"))?;
+    progress.finish();
+    Ok(Arc::new(backend))
+}

@@ -1,8 +1,81 @@
-//! `strata serve` (being written).
+//! `strata serve`: the OpenAI- and Anthropic-compatible HTTP server.
+//!
+//! The port is bound first and the model loaded in the background, so `/health` can answer
+//! `loading` (503) while a large model loads and `ok` once it is ready.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::cli::load::{ModelArgs, load_backend, open_gguf};
+use crate::server::{AppState, DEFAULT_QUEUE, LoadedModel, ServerConfig, serve_on};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on every route but /health.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Requests allowed to wait while one generates; more get 503.
+    #[arg(long, default_value_t = DEFAULT_QUEUE)]
+    pub queue: usize,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`strata serve` is not implemented yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let address = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&address).await.with_context(|| {
+        format!("cannot listen on {address} (is another server using that port? try --port)")
+    })?;
+    let local = listener.local_addr().context("reading the bound address")?;
+    let state = AppState::new(ServerConfig {
+        api_key: args.api_key.clone(),
+        queue_capacity: args.queue,
+    });
+    match &args.model.model {
+        Some(path) => eprintln!("strata: loading {} …", path.display()),
+        None => eprintln!(
+            "strata: no --model given: serving the built-in demo model (random weights; its output is not meaningful)"
+        ),
+    }
+    eprintln!("strata: listening on http://{local} (GET /health answers 503 until the model is loaded)");
+    if args.api_key.is_some() {
+        eprintln!("strata: API key required on every route but /health");
+    }
+    let loader_state = state.clone();
+    let model_args = args.model.clone();
+    tokio::task::spawn_blocking(move || match load(&model_args) {
+        Ok(model) => {
+            eprintln!(
+                "strata: model {} ready (context {} tokens)",
+                model.name, model.context_length
+            );
+            loader_state.set_model(model);
+        }
+        Err(e) => {
+            let message = format!("{e:#}");
+            eprintln!("strata: error: the model failed to load: {message}");
+            loader_state.set_load_error(message);
+        }
+    });
+    serve_on(listener, state).await.context("serving HTTP")
+}
+
+fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
+    let gguf = open_gguf(args.model.as_deref())?;
+    let backend = load_backend(Arc::clone(&gguf), args.backend, args.ctx)?;
+    LoadedModel::from_gguf(&gguf, backend)
 }

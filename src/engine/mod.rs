@@ -51,3 +51,4 @@ pub trait Sequence: Send {
     /// A deep copy of the state (used by the prompt cache). Backends that cannot copy return None.
     fn fork(&self) -> Option<Box<dyn Sequence>>;
 }
+pub mod generate;

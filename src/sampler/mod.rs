@@ -1,1 +1,422 @@
-//! (being written)
+//! Turning one row of logits into one token id.
+//!
+//! Order of operations (fixed, so a GPU kernel can reproduce it bit for bit):
+//! 1. penalties: repetition (over prompt + generated tokens, CTRL style: a positive logit is divided
+//!    by the penalty, a negative one multiplied), then frequency (`count × f`) and presence (`p` once)
+//!    over the generated tokens only (OpenAI semantics);
+//! 2. temperature: `temperature == 0` ⇒ greedy argmax of the penalised logits, lowest id on ties;
+//!    otherwise every logit is divided by the temperature;
+//! 3. candidates sorted by (logit descending, id ascending) — a total order, so ties are deterministic;
+//! 4. top-k (0 = off), 5. top-p (smallest prefix whose probability mass reaches `top_p`),
+//! 6. min-p (drop tokens whose probability is below `min_p × p_max`),
+//! 7. sample: one uniform `u` from [`uniform`] keyed by (seed, absolute position); walk the kept
+//!    candidates in sorted order until the cumulative (unnormalised) mass exceeds `u × total`.
+//!
+//! Probabilities are `exp(l - l_max)` in f64, summed in candidate order.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, Hasher};
+
+/// Model defaults used when a GGUF carries no `general.sampling.*` keys: the values Qwen publishes
+/// for thinking mode. Never greedy by default (greedy decoding is what made the original loop).
+pub const DEFAULT_TEMPERATURE: f32 = 0.6;
+pub const DEFAULT_TOP_P: f32 = 0.95;
+pub const DEFAULT_TOP_K: usize = 20;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SamplingParams {
+    /// 0 ⇒ greedy.
+    pub temperature: f32,
+    /// 0 ⇒ no top-k cut.
+    pub top_k: usize,
+    /// 1 ⇒ no nucleus cut.
+    pub top_p: f32,
+    /// 0 ⇒ no min-p cut.
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// 1 ⇒ off.
+    pub repetition_penalty: f32,
+    /// None ⇒ a seed is drawn from the OS per request (and reported back).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: DEFAULT_TEMPERATURE,
+            top_k: DEFAULT_TOP_K,
+            top_p: DEFAULT_TOP_P,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplerError {
+    #[error("invalid sampling parameter: {0}")]
+    InvalidParam(String),
+    #[error("non-finite logit {value} for token {token} at position {position} (sampler input)")]
+    NonFiniteLogit { token: u32, value: f32, position: usize },
+    #[error("empty logits row")]
+    EmptyLogits,
+}
+
+/// The GGUF keys llama.cpp's `gguf-py` writes for a model author's sampling defaults.
+pub mod gguf_keys {
+    pub const TEMPERATURE: &str = "general.sampling.temp";
+    pub const TOP_K: &str = "general.sampling.top_k";
+    pub const TOP_P: &str = "general.sampling.top_p";
+    pub const MIN_P: &str = "general.sampling.min_p";
+    pub const REPETITION_PENALTY: &str = "general.sampling.penalty_repeat";
+}
+
+impl SamplingParams {
+    /// Defaults from a metadata lookup (`general.sampling.*` as a number), falling back to
+    /// temperature 0.6, top-p 0.95, top-k 20. Values that fail validation are ignored (with a
+    /// warning) rather than turning a bad file into a bad default.
+    pub fn from_metadata(lookup: impl Fn(&str) -> Option<f64>) -> SamplingParams {
+        let mut params = SamplingParams::default();
+        let apply = |key: &str, set: &mut dyn FnMut(f64)| {
+            if let Some(v) = lookup(key) {
+                if v.is_finite() {
+                    set(v);
+                } else {
+                    tracing::warn!("ignoring non-finite GGUF sampling default {key} = {v}");
+                }
+            }
+        };
+        apply(gguf_keys::TEMPERATURE, &mut |v| params.temperature = v as f32);
+        apply(gguf_keys::TOP_K, &mut |v| params.top_k = v.max(0.0) as usize);
+        apply(gguf_keys::TOP_P, &mut |v| params.top_p = v as f32);
+        apply(gguf_keys::MIN_P, &mut |v| params.min_p = v as f32);
+        apply(gguf_keys::REPETITION_PENALTY, &mut |v| {
+            params.repetition_penalty = v as f32
+        });
+        if let Err(e) = params.validate() {
+            tracing::warn!("GGUF sampling defaults rejected ({e}); using built-in defaults");
+            return SamplingParams::default();
+        }
+        params
+    }
+
+    /// Defaults for a model: its GGUF `general.sampling.*` keys where present.
+    pub fn model_defaults(gguf: &crate::gguf::Gguf) -> SamplingParams {
+        SamplingParams::from_metadata(|key| gguf.get(key).and_then(|v| v.as_f64()))
+    }
+
+    /// Reject values that make no sense instead of silently clamping them.
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        let bad = |m: String| Err(SamplerError::InvalidParam(m));
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad(format!("temperature must be ≥ 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return bad(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} must be in [-2, 2], got {v}"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// splitmix64's output function (Steele, Lea, Flood 2014).
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The one random number used to sample the token at absolute `position` (0-based index the token
+/// will have in the sequence) under `seed`:
+///
+/// `bits = splitmix64(splitmix64(seed) ^ position)`; `u = (bits >> 11) × 2⁻⁵³` ∈ [0, 1).
+///
+/// Counter-based (no state carried between tokens), so a seed reproduces its tokens however
+/// requests are batched, resumed from the prompt cache or split across devices.
+pub fn uniform(seed: u64, position: u64) -> f64 {
+    let bits = splitmix64(splitmix64(seed) ^ position);
+    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// A fresh seed from the OS's randomness (std's `RandomState` is seeded from it), for requests
+/// that do not give one. The seed is reported back so the output can be reproduced.
+pub fn random_seed() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
+    hasher.finish()
+}
+
+/// One request's sampler: the parameters, the resolved seed and the token history penalties need.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    /// Prompt and generated tokens seen (repetition penalty).
+    seen: BTreeSet<u32>,
+    /// Generated tokens and how often each was generated (presence / frequency penalties).
+    generated: BTreeMap<u32, u32>,
+}
+
+impl Sampler {
+    /// Validates `params`, resolves the seed and records the prompt for the repetition penalty.
+    pub fn new(params: &SamplingParams, prompt: &[u32]) -> Result<Sampler, SamplerError> {
+        params.validate()?;
+        let seen = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            BTreeSet::new()
+        };
+        Ok(Sampler {
+            params: params.clone(),
+            seed: params.seed.unwrap_or_else(random_seed),
+            seen,
+            generated: BTreeMap::new(),
+        })
+    }
+
+    /// The seed actually used (the client's, or the one drawn for it).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Record a token as generated (done by [`Sampler::sample`]; public for forced tokens).
+    pub fn accept(&mut self, token: u32) {
+        *self.generated.entry(token).or_insert(0) += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token);
+        }
+    }
+
+    /// Pick the token at absolute `position` from one row of logits, and record it.
+    pub fn sample(&mut self, logits: &[f32], position: usize) -> Result<u32, SamplerError> {
+        let token = self.pick(logits, position)?;
+        self.accept(token);
+        Ok(token)
+    }
+
+    /// Pick without recording.
+    pub fn pick(&self, logits: &[f32], position: usize) -> Result<u32, SamplerError> {
+        if logits.is_empty() {
+            return Err(SamplerError::EmptyLogits);
+        }
+        if let Some((i, v)) = logits.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(SamplerError::NonFiniteLogit {
+                token: i as u32,
+                value: *v,
+                position,
+            });
+        }
+        let mut row = logits.to_vec();
+        self.apply_penalties(&mut row);
+        if self.params.is_greedy() {
+            return Ok(argmax(&row));
+        }
+        let inv_temperature = 1.0 / self.params.temperature;
+        let candidates = self.candidates(&row, inv_temperature);
+        let u = uniform(self.seed, position as u64);
+        Ok(draw(&candidates, u))
+    }
+
+    fn apply_penalties(&self, row: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &t in &self.seen {
+                if let Some(l) = row.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&t, &count) in &self.generated {
+                if let Some(l) = row.get_mut(t as usize) {
+                    *l -= count as f32 * p.frequency_penalty + p.presence_penalty;
+                }
+            }
+        }
+    }
+
+    /// Steps 2–6: temperature, sort, top-k, top-p, min-p. Returns (id, unnormalised probability)
+    /// in sorted order, never empty.
+    fn candidates(&self, row: &[f32], inv_temperature: f32) -> Vec<(u32, f64)> {
+        let p = &self.params;
+        let mut ids: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l * inv_temperature))
+            .collect();
+        // Total order: logit descending, then id ascending.
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < ids.len() {
+            ids.select_nth_unstable_by(p.top_k - 1, order);
+            ids.truncate(p.top_k);
+        }
+        ids.sort_unstable_by(order);
+        let max = ids.first().map(|c| c.1).unwrap_or(0.0) as f64;
+        let mut probs: Vec<(u32, f64)> = ids
+            .into_iter()
+            .map(|(id, l)| (id, (l as f64 - max).exp()))
+            .collect();
+        let total: f64 = probs.iter().map(|c| c.1).sum();
+        if p.top_p < 1.0 {
+            let target = p.top_p as f64 * total;
+            let mut cumulative = 0.0;
+            let mut keep = probs.len();
+            for (i, c) in probs.iter().enumerate() {
+                cumulative += c.1;
+                if cumulative >= target {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            // The first candidate has probability exp(0) = 1 relative to itself.
+            let threshold = p.min_p as f64;
+            let keep = probs.iter().take_while(|c| c.1 >= threshold).count();
+            probs.truncate(keep.max(1));
+        }
+        probs
+    }
+}
+
+/// Greedy pick: highest logit, lowest id among equals.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn draw(candidates: &[(u32, f64)], u: f64) -> u32 {
+    let total: f64 = candidates.iter().map(|c| c.1).sum();
+    let target = u * total;
+    let mut cumulative = 0.0;
+    for c in candidates {
+        cumulative += c.1;
+        if cumulative > target {
+            return c.0;
+        }
+    }
+    candidates.last().map(|c| c.0).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed: Some(7),
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn greedy_prefers_lowest_id_on_ties() {
+        let s = Sampler::new(&params(0.0, 0, 1.0, 0.0), &[]).unwrap();
+        assert_eq!(s.pick(&[0.5, 2.0, 2.0, 1.0], 0).unwrap(), 1);
+    }
+
+    #[test]
+    fn uniform_is_in_unit_interval_and_keyed_by_position() {
+        let a = uniform(1, 0);
+        let b = uniform(1, 1);
+        let c = uniform(2, 0);
+        assert!((0.0..1.0).contains(&a));
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a, uniform(1, 0));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let s = Sampler::new(&params(1.0, 1, 1.0, 0.0), &[]).unwrap();
+        for pos in 0..50 {
+            assert_eq!(s.pick(&[0.1, 0.3, 0.2], pos).unwrap(), 1);
+        }
+    }
+
+    #[test]
+    fn min_p_cuts_unlikely_tokens() {
+        // p(0) ∝ 1, p(1) ∝ e^-5 ≈ 0.0067 < 0.1 × p(0).
+        let s = Sampler::new(&params(1.0, 0, 1.0, 0.1), &[]).unwrap();
+        for pos in 0..200 {
+            assert_eq!(s.pick(&[5.0, 0.0], pos).unwrap(), 0);
+        }
+    }
+
+    #[test]
+    fn rejects_non_finite_logits() {
+        let s = Sampler::new(&params(1.0, 0, 1.0, 0.0), &[]).unwrap();
+        let err = s.pick(&[0.0, f32::NAN], 3).unwrap_err();
+        assert!(matches!(
+            err,
+            SamplerError::NonFiniteLogit {
+                token: 1,
+                position: 3,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn metadata_defaults_are_read_and_fall_back() {
+        let p = SamplingParams::from_metadata(|k| match k {
+            gguf_keys::TEMPERATURE => Some(1.0),
+            gguf_keys::TOP_K => Some(40.0),
+            _ => None,
+        });
+        assert_eq!(p.temperature, 1.0);
+        assert_eq!(p.top_k, 40);
+        assert_eq!(p.top_p, DEFAULT_TOP_P);
+        let none = SamplingParams::from_metadata(|_| None);
+        assert_eq!(none, SamplingParams::default());
+        assert!(!none.is_greedy());
+    }
+}

@@ -1,1 +1,588 @@
-//! (being written)
+//! HTTP server: OpenAI- and Anthropic-compatible endpoints over one loaded model.
+//!
+//! Requests are parsed and rendered on the async executor; generation runs on a blocking thread,
+//! one request at a time in arrival order (a fair semaphore), behind a bounded wait queue. Every
+//! request carries a cancel flag that is raised when its response (body or SSE stream) is dropped,
+//! so a client that goes away stops its generation within one token.
+
+pub mod anthropic;
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod prompt;
+pub mod testing;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::chat::ChatTemplate;
+use crate::engine::Backend;
+use crate::engine::generate::{GenEvent, GenOutput, GenerateError, GenerateRequest, Generator};
+use crate::sampler::SamplingParams;
+use crate::tokenizer::Tokenizer;
+pub use error::{ApiError, Flavor};
+use metrics::Metrics;
+
+/// Request bodies above this are refused with 413.
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+pub const DEFAULT_QUEUE: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// When set, every route but `/health` needs `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    pub api_key: Option<String>,
+    /// Requests allowed to wait while one generates; more are refused with 503.
+    pub queue_capacity: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_key: None,
+            queue_capacity: DEFAULT_QUEUE,
+        }
+    }
+}
+
+/// Everything needed to serve one model.
+pub struct LoadedModel {
+    pub name: String,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// Sampling used for fields a request leaves out (from the GGUF, else 0.6 / 0.95 / 20).
+    pub defaults: SamplingParams,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    generator: Mutex<Generator>,
+}
+
+impl LoadedModel {
+    pub fn new(
+        name: impl Into<String>,
+        backend: Arc<dyn Backend>,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        defaults: SamplingParams,
+    ) -> LoadedModel {
+        let context_length = backend.info().context_length;
+        let vocab_size = backend.info().vocab_size;
+        LoadedModel {
+            vocab_size,
+            name: name.into(),
+            tokenizer,
+            template,
+            defaults,
+            context_length,
+            generator: Mutex::new(Generator::new(backend)),
+        }
+    }
+
+    /// Tokenizer, chat template and sampling defaults from the GGUF the backend was loaded from.
+    pub fn from_gguf(
+        gguf: &crate::gguf::Gguf,
+        backend: Arc<dyn Backend>,
+    ) -> anyhow::Result<LoadedModel> {
+        let tokenizer = Tokenizer::from_gguf(gguf)
+            .map_err(|e| anyhow::anyhow!("cannot build the tokenizer: {e}"))?;
+        let template = match ChatTemplate::from_gguf(gguf) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!("no usable chat template ({e}); chat endpoints will refuse requests");
+                None
+            }
+        };
+        let name = backend.info().name.clone();
+        Ok(LoadedModel::new(
+            name,
+            backend,
+            tokenizer,
+            template,
+            SamplingParams::model_defaults(gguf),
+        ))
+    }
+}
+
+enum ModelSlot {
+    Loading,
+    Ready(Arc<LoadedModel>),
+    Failed(String),
+}
+
+struct Shared {
+    config: ServerConfig,
+    model: RwLock<ModelSlot>,
+    /// One permit: the right to generate. tokio's semaphore is fair (FIFO).
+    generate_permit: Arc<Semaphore>,
+    metrics: Metrics,
+}
+
+/// Cheap to clone; shared by every handler.
+#[derive(Clone)]
+pub struct AppState {
+    shared: Arc<Shared>,
+}
+
+impl AppState {
+    /// A server whose model is still loading (`/health` answers 503 until [`AppState::set_model`]).
+    pub fn new(config: ServerConfig) -> AppState {
+        AppState {
+            shared: Arc::new(Shared {
+                config,
+                model: RwLock::new(ModelSlot::Loading),
+                generate_permit: Arc::new(Semaphore::new(1)),
+                metrics: Metrics::default(),
+            }),
+        }
+    }
+
+    pub fn set_model(&self, model: LoadedModel) {
+        self.set_slot(ModelSlot::Ready(Arc::new(model)));
+    }
+
+    pub fn set_load_error(&self, message: impl Into<String>) {
+        self.set_slot(ModelSlot::Failed(message.into()));
+    }
+
+    fn set_slot(&self, slot: ModelSlot) {
+        match self.shared.model.write() {
+            Ok(mut guard) => *guard = slot,
+            Err(poisoned) => *poisoned.into_inner() = slot,
+        }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// The model, or 503 while loading / after a failed load.
+    pub fn model(&self) -> Result<Arc<LoadedModel>, ApiError> {
+        let guard = match self.shared.model.read() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match &*guard {
+            ModelSlot::Ready(m) => Ok(m.clone()),
+            ModelSlot::Loading => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the model is still loading; retry when GET /health answers 200",
+            )
+            .with_code("model_loading")),
+            ModelSlot::Failed(e) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the model failed to load: {e}"),
+            )
+            .with_code("model_load_failed")),
+        }
+    }
+}
+
+/// The router with every endpoint, auth, body limit and request metrics.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/metrics", get(metrics_handler))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(api)
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            record_request,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Serve on an already-bound listener until the process ends.
+pub async fn serve_on(listener: tokio::net::TcpListener, state: AppState) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    match state.model() {
+        Ok(m) => (
+            StatusCode::OK,
+            axum::Json(json!({
+                "status": "ok",
+                "model": m.name,
+                "context_length": m.context_length,
+                "api_key_required": state.shared.config.api_key.is_some(),
+            })),
+        )
+            .into_response(),
+        Err(e) => {
+            let status = if e.code == Some("model_loading") {
+                "loading"
+            } else {
+                "error"
+            };
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({ "status": status, "message": e.message })),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn not_found(request: Request) -> ApiError {
+    let flavor = flavor_for_path(request.uri().path());
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route for {} {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .with_flavor(flavor)
+}
+
+fn flavor_for_path(path: &str) -> Flavor {
+    if path.starts_with("/v1/messages") {
+        Flavor::Anthropic
+    } else {
+        Flavor::OpenAi
+    }
+}
+
+/// Byte-wise comparison whose time does not depend on where the first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_api_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(expected) = state.shared.config.api_key.as_deref() else {
+        return next.run(request).await;
+    };
+    let headers = request.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    let ok = [bearer, x_api_key]
+        .into_iter()
+        .flatten()
+        .any(|given| constant_time_eq(given.trim().as_bytes(), expected.as_bytes()));
+    if ok {
+        return next.run(request).await;
+    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+    )
+    .with_code("invalid_api_key")
+    .with_flavor(flavor_for_path(request.uri().path()))
+    .into_response()
+}
+
+async fn record_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let path = request.uri().path().to_string();
+    let endpoint = match path.as_str() {
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/models"
+        | "/v1/messages"
+        | "/v1/messages/count_tokens"
+        | "/health"
+        | "/metrics" => path,
+        _ => "other".to_string(),
+    };
+    let response = next.run(request).await;
+    state.metrics().record_request(
+        &endpoint,
+        response.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// Parse a JSON body, turning every failure (unreadable, too large, malformed, wrong types) into
+/// an error in the route's format.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    flavor: Flavor,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!(
+                "request body is larger than the {} MiB limit",
+                MAX_BODY_BYTES / (1024 * 1024)
+            )
+        } else {
+            format!("cannot read the request body: {rejection}")
+        };
+        ApiError::new(status, message).with_flavor(flavor)
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty; expected a JSON object")
+            .with_flavor(flavor));
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
+    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                ApiError::bad_request(format!("the request body is not valid JSON: {inner}"))
+            }
+            // The path is "." when the problem is at the top level (e.g. a missing field).
+            _ if path == "." => ApiError::bad_request(format!("invalid request: {inner}")),
+            _ => ApiError::invalid_param(&path, format!("invalid value for `{path}`: {inner}")),
+        }
+        .with_flavor(flavor)
+    })?;
+    deserializer.end().map_err(|e| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}")).with_flavor(flavor)
+    })?;
+    Ok(value)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running a generation on the blocking pool.
+
+/// What a handler hands to the generation thread.
+pub(crate) struct Job {
+    pub request: GenerateRequest,
+}
+
+pub(crate) enum JobEvent {
+    /// Text as it is generated.
+    Text(String),
+    Done(Result<GenOutput, ApiError>),
+}
+
+/// Raises the cancel flag when dropped (the response went away).
+pub(crate) struct CancelOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct JobHandle {
+    pub events: mpsc::UnboundedReceiver<JobEvent>,
+    /// Keep alive as long as the client is listening.
+    pub _cancel: CancelOnDrop,
+}
+
+/// Admit a job to the queue (503 when full) and run it when its turn comes.
+pub(crate) fn start_job(
+    state: &AppState,
+    model: Arc<LoadedModel>,
+    job: Job,
+    flavor: Flavor,
+) -> Result<JobHandle, ApiError> {
+    let capacity = state.shared.config.queue_capacity;
+    let metrics_state = state.clone();
+    let permits = state.shared.generate_permit.clone();
+    // Count this request as waiting unless the queue is full; the one generating is not waiting.
+    let queue = &state.metrics().queue_depth;
+    let busy = permits.available_permits() == 0;
+    let waiting = queue.fetch_add(1, Ordering::SeqCst);
+    if busy && waiting >= capacity {
+        queue.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the server is busy: {waiting} requests are already waiting (queue limit {capacity}); retry later"
+            ),
+        )
+        .with_code("queue_full")
+        .with_flavor(flavor));
+    }
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (sender, events) = mpsc::unbounded_channel();
+    let thread_cancel = cancel.clone();
+    tokio::spawn(async move {
+        let permit = permits.acquire_owned().await;
+        metrics_state
+            .metrics()
+            .queue_depth
+            .fetch_sub(1, Ordering::SeqCst);
+        let Ok(permit) = permit else {
+            let _ = sender.send(JobEvent::Done(Err(ApiError::internal(
+                "the generation queue was closed",
+            ))));
+            return;
+        };
+        let joined = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            run_job(&metrics_state, &model, job, &thread_cancel, &sender, flavor);
+        })
+        .await;
+        if let Err(e) = joined {
+            tracing::error!("generation thread failed: {e}");
+        }
+    });
+    Ok(JobHandle {
+        events,
+        _cancel: CancelOnDrop(cancel),
+    })
+}
+
+fn run_job(
+    state: &AppState,
+    model: &LoadedModel,
+    job: Job,
+    cancel: &AtomicBool,
+    sender: &mpsc::UnboundedSender<JobEvent>,
+    flavor: Flavor,
+) {
+    let metrics = state.metrics();
+    if cancel.load(Ordering::Relaxed) {
+        metrics.cancelled_generations.fetch_add(1, Ordering::Relaxed);
+        let _ = sender.send(JobEvent::Done(Err(
+            ApiError::bad_request("cancelled").with_flavor(flavor)
+        )));
+        return;
+    }
+    metrics.running.store(1, Ordering::Relaxed);
+    let mut generator = match model.generator.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let mut decoder = crate::tokenizer::StreamDecoder::new(&model.tokenizer);
+    let mut on_event = |event: GenEvent| {
+        let text = match event {
+            GenEvent::Token { text, .. } => {
+                metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                text
+            }
+            GenEvent::TrailingText(text) => text,
+            GenEvent::PromptProgress { .. } => return,
+        };
+        // A closed channel means the response is gone: stop at the next token.
+        if !text.is_empty() && sender.send(JobEvent::Text(text)).is_err() {
+            cancel_flag_raise(cancel);
+        }
+    };
+    let result = generator.generate(&job.request, &mut decoder, cancel, &mut on_event);
+    drop(generator);
+    metrics.running.store(0, Ordering::Relaxed);
+    let result = match result {
+        Ok(output) => {
+            metrics
+                .prompt_tokens
+                .fetch_add(output.usage.prompt_tokens as u64, Ordering::Relaxed);
+            metrics
+                .cached_prompt_tokens
+                .fetch_add(output.usage.cached_tokens as u64, Ordering::Relaxed);
+            metrics.record_speeds(
+                output.prefill_tokens_per_second(),
+                output.decode_tokens_per_second(),
+            );
+            if output.finish == crate::engine::generate::FinishReason::Cancelled {
+                metrics.cancelled_generations.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(output)
+        }
+        Err(e) => {
+            tracing::warn!("generation failed: {e}");
+            Err(generate_error_to_api(e).with_flavor(flavor))
+        }
+    };
+    let _ = sender.send(JobEvent::Done(result));
+}
+
+fn cancel_flag_raise(flag: &AtomicBool) {
+    flag.store(true, Ordering::Relaxed);
+}
+
+pub(crate) fn generate_error_to_api(e: GenerateError) -> ApiError {
+    match e {
+        GenerateError::EmptyPrompt => ApiError::bad_request(e.to_string()),
+        GenerateError::ZeroMaxTokens => ApiError::invalid_param("max_tokens", e.to_string()),
+        GenerateError::ContextOverflow { .. } => {
+            ApiError::bad_request(e.to_string()).with_code("context_length_exceeded")
+        }
+        GenerateError::Sampler(crate::sampler::SamplerError::InvalidParam(m)) => {
+            ApiError::bad_request(m)
+        }
+        GenerateError::Sampler(_) | GenerateError::Engine(_) => {
+            ApiError::internal(e.to_string()).with_code("engine_error")
+        }
+    }
+}
+
+/// Check the prompt against the context before queueing (400 with the token counts).
+pub(crate) fn check_context(
+    model: &LoadedModel,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    flavor: Flavor,
+) -> Result<(), ApiError> {
+    let ctx = model.context_length;
+    if prompt_tokens >= ctx {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {prompt_tokens} tokens, which does not fit the model's context of {ctx} tokens"
+        ))
+        .with_code("context_length_exceeded")
+        .with_flavor(flavor));
+    }
+    if prompt_tokens + max_tokens > ctx {
+        return Err(ApiError::bad_request(format!(
+            "the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: {} > the model's context of {ctx} tokens; lower max_tokens to at most {}",
+            prompt_tokens + max_tokens,
+            ctx - prompt_tokens
+        ))
+        .with_code("context_length_exceeded")
+        .with_flavor(flavor));
+    }
+    Ok(())
+}
+
+/// Headers every generation response carries: the seed actually used, so output can be replayed.
+pub(crate) fn seed_headers(seed: u64) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Ok(v) = seed.to_string().parse() {
+        headers.insert("x-strata-seed", v);
+    }
+    headers
+}
+
+/// A short random id for responses (`chatcmpl-…`, `msg_…`, `call_…`).
+pub(crate) fn random_id(prefix: &str) -> String {
+    format!("{prefix}{:016x}", crate::sampler::random_seed())
+}
+
+pub(crate) fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

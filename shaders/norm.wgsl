@@ -1,0 +1,110 @@
+// RMS-type norms over groups of `n` values, one workgroup per (group, token).
+//   mode 0: centred RMSNorm   y = x / sqrt(mean(x^2) + eps) * w * scale
+//   mode 1: L2 norm           y = x / sqrt(sum(x^2) + eps) * w * scale
+// `w` is Wt[(g*n + i) % w_period] (w_period = 0: no weight), so one entry covers plain norms
+// (period n), per-stream grouped norms whose weight spans all streams (period groups*n) and
+// per-head norms that share one weight. `rmsnorm_gated` multiplies by sigmoid(Z) too (GDN output).
+// Reduction order is fixed: thread l sums i = l, l+64, ... in order, then a fixed binary tree.
+
+struct Params {
+    n: u32,
+    groups: u32,
+    tokens: u32,
+    mode: u32,
+    in_off: u32,
+    in_gstride: u32,
+    in_tstride: u32,
+    out_off: u32,
+    out_gstride: u32,
+    out_tstride: u32,
+    w_period: u32,
+    eps: f32,
+    scale: f32,
+}
+
+var<immediate> p: Params;
+
+@group(0) @binding(0) var<storage, read> X: array<f32>;
+@group(0) @binding(1) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> Wt: array<f32>;
+@group(0) @binding(3) var<storage, read> Z: array<f32>;
+
+const WG: u32 = 64u;
+var<workgroup> red: array<f32, WG>;
+
+fn tree_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = red[lid] + red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return red[0];
+}
+
+fn inv_norm(sum_sq: f32) -> f32 {
+    if (p.mode == 0u) {
+        return 1.0 / sqrt(sum_sq / f32(p.n) + p.eps);
+    }
+    return 1.0 / sqrt(sum_sq + p.eps);
+}
+
+fn weight(g: u32, i: u32) -> f32 {
+    if (p.w_period == 0u) {
+        return 1.0;
+    }
+    return Wt[(g * p.n + i) % p.w_period];
+}
+
+@compute @workgroup_size(WG)
+fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let g = wg.x;
+    let t = wg.y;
+    let src = p.in_off + t * p.in_tstride + g * p.in_gstride;
+    let dst = p.out_off + t * p.out_tstride + g * p.out_gstride;
+    var acc = 0.0;
+    for (var i = lid.x; i < p.n; i += WG) {
+        let v = X[src + i];
+        acc = fma(v, v, acc);
+    }
+    let inv = inv_norm(tree_sum(acc, lid.x));
+    for (var i = lid.x; i < p.n; i += WG) {
+        Y[dst + i] = X[src + i] * inv * weight(g, i) * p.scale;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn rmsnorm_inplace(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let g = wg.x;
+    let t = wg.y;
+    let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
+    var acc = 0.0;
+    for (var i = lid.x; i < p.n; i += WG) {
+        let v = Y[base + i];
+        acc = fma(v, v, acc);
+    }
+    let inv = inv_norm(tree_sum(acc, lid.x));
+    for (var i = lid.x; i < p.n; i += WG) {
+        Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn rmsnorm_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let g = wg.x;
+    let t = wg.y;
+    let src = p.in_off + t * p.in_tstride + g * p.in_gstride;
+    let dst = p.out_off + t * p.out_tstride + g * p.out_gstride;
+    var acc = 0.0;
+    for (var i = lid.x; i < p.n; i += WG) {
+        let v = X[src + i];
+        acc = fma(v, v, acc);
+    }
+    let inv = inv_norm(tree_sum(acc, lid.x));
+    for (var i = lid.x; i < p.n; i += WG) {
+        let gate = 1.0 / (1.0 + exp(-Z[src + i]));
+        Y[dst + i] = X[src + i] * inv * weight(g, i) * gate;
+    }
+}

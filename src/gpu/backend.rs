@@ -1,0 +1,1377 @@
+//! The whole model on the GPU: every weight in VRAM (the PLE table stays mmapped on the host, as the
+//! spec recommends: its rows are hashed, gathered and dequantized on the CPU), one compute pass and
+//! one submission per chunk of tokens, one host sync per chunk (the logits readback).
+//!
+//! Bit-identity across chunk sizes: every kernel computes each output element with one fixed
+//! reduction order that does not depend on how many tokens the dispatch covers, and the recurrent
+//! kernels (GDN, conv histories) walk tokens in order inside one invocation.
+
+use std::sync::Arc;
+
+use crate::engine::{Backend, EngineError, ModelInfo, Sequence};
+use crate::gguf::Gguf;
+use crate::gguf::types::GgmlType;
+use crate::model::config::Config;
+use crate::model::ops::{first_non_finite, rope_cos_sin, rope_inv_freqs};
+use crate::model::ple::{hash_rows, ngram_context};
+use crate::model::weights::{HcWeights, MixerWeights, QuantMatrix, Weights};
+
+use super::buffers::{GpuBuf, GpuWeight, read_staging};
+use super::kernels::{self, Recorder, View};
+use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
+use super::{GpuContext, GpuError};
+
+/// Default cap on tokens per sequence on the GPU (KV caches are allocated up front).
+pub const DEFAULT_GPU_CONTEXT: usize = 32768;
+/// Tokens per forward chunk (activation buffers are sized for this).
+pub const DEFAULT_MAX_CHUNK: usize = 64;
+
+fn gpu_err(e: GpuError) -> EngineError {
+    EngineError::Other(format!("gpu: {e}"))
+}
+
+struct HcGpu {
+    norm: GpuBuf,
+    down: GpuWeight,
+    up: GpuWeight,
+    inject: Option<GpuWeight>,
+}
+
+struct GdnGpu {
+    qkv: GpuWeight,
+    gate: GpuWeight,
+    beta: GpuWeight,
+    alpha: GpuWeight,
+    gate_params: GpuBuf,
+    conv: GpuBuf,
+    norm: GpuBuf,
+    out: GpuWeight,
+}
+
+struct IndexerGpu {
+    q: GpuWeight,
+    k: GpuWeight,
+    q_norm: GpuBuf,
+    k_norm: GpuBuf,
+    ratio: usize,
+}
+
+struct QsaGpu {
+    q: GpuWeight,
+    k: GpuWeight,
+    v: GpuWeight,
+    out: GpuWeight,
+    q_norm: GpuBuf,
+    k_norm: GpuBuf,
+    indexer: Option<IndexerGpu>,
+}
+
+enum MixerGpu {
+    Gdn(GdnGpu),
+    Qsa(QsaGpu),
+}
+
+struct SharedGpu {
+    gate: GpuWeight,
+    up: GpuWeight,
+    down: GpuWeight,
+    gate_inp: GpuWeight,
+}
+
+struct MoeGpu {
+    router: GpuWeight,
+    gate: GpuWeight,
+    up: GpuWeight,
+    down: GpuWeight,
+    shared: Option<SharedGpu>,
+}
+
+struct PleGpu {
+    key: GpuWeight,
+    value: GpuWeight,
+    norm_key: GpuBuf,
+    norm_query: GpuBuf,
+    norm_conv: GpuBuf,
+    conv: GpuBuf,
+}
+
+struct LayerGpu {
+    ple: Option<PleGpu>,
+    attn_hc: HcGpu,
+    mixer: MixerGpu,
+    ffn_hc: HcGpu,
+    moe: MoeGpu,
+}
+
+/// A loaded model on the GPU.
+pub struct GpuBackend {
+    pub ctx: Arc<GpuContext>,
+    pub config: Config,
+    weights: Weights,
+    token_embd: GpuWeight,
+    output: GpuWeight,
+    head_hc: HcGpu,
+    layers: Vec<LayerGpu>,
+    rope_table: GpuBuf,
+    dummy: GpuBuf,
+    info: ModelInfo,
+    max_chunk: usize,
+    weight_bytes: usize,
+    _gguf: Arc<Gguf>,
+}
+
+fn upload(ctx: &GpuContext, m: &QuantMatrix) -> Result<GpuWeight, GpuError> {
+    GpuWeight::upload(ctx, m.name(), m.ty, m.cols, m.rows, 1, m.bytes())
+}
+
+fn upload_experts(
+    ctx: &GpuContext,
+    name: &str,
+    experts: &[QuantMatrix],
+) -> Result<GpuWeight, GpuError> {
+    let Some(first) = experts.first() else {
+        return Err(GpuError::BadArgs(format!("{name}: no experts")));
+    };
+    let mut bytes = Vec::with_capacity(first.bytes().len() * experts.len());
+    for e in experts {
+        if e.ty != first.ty || e.rows != first.rows || e.cols != first.cols {
+            return Err(GpuError::BadArgs(format!(
+                "{name}: experts differ in shape or type"
+            )));
+        }
+        bytes.extend_from_slice(e.bytes());
+    }
+    GpuWeight::upload(
+        ctx,
+        name,
+        first.ty,
+        first.cols,
+        first.rows * experts.len(),
+        first.rows,
+        &bytes,
+    )
+}
+
+fn vector_as_matrix(ctx: &GpuContext, name: &str, v: &[f32]) -> Result<GpuWeight, GpuError> {
+    GpuWeight::upload(
+        ctx,
+        name,
+        GgmlType::F32,
+        v.len(),
+        1,
+        1,
+        bytemuck::cast_slice(v),
+    )
+}
+
+fn upload_hc(ctx: &GpuContext, w: &HcWeights) -> Result<HcGpu, GpuError> {
+    Ok(HcGpu {
+        norm: GpuBuf::from_f32(ctx, "hc norm", &w.norm)?,
+        down: upload(ctx, &w.down)?,
+        up: upload(ctx, &w.up)?,
+        inject: w.inject.as_ref().map(|m| upload(ctx, m)).transpose()?,
+    })
+}
+
+impl GpuBackend {
+    /// Load `gguf` onto the GPU `ctx`. `context` caps tokens per sequence (0 = min(model,
+    /// [`DEFAULT_GPU_CONTEXT`])).
+    pub fn load(
+        ctx: Arc<GpuContext>,
+        gguf: Arc<Gguf>,
+        context: usize,
+    ) -> anyhow::Result<GpuBackend> {
+        let config = Config::from_gguf(&gguf)?;
+        let weights = Weights::bind(&gguf, &config, &mut |_, _| {})?;
+        let context_length = if context == 0 {
+            config.context_length.min(DEFAULT_GPU_CONTEXT)
+        } else {
+            context
+        };
+        let c = &ctx;
+        let token_embd = upload(c, &weights.token_embd)?;
+        let output = upload(c, &weights.output)?;
+        let head_hc = upload_hc(c, &weights.head_hc)?;
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for lw in &weights.layers {
+            let ple = match &lw.ple {
+                Some(p) => Some(PleGpu {
+                    key: upload(c, &p.key)?,
+                    value: upload(c, &p.value)?,
+                    norm_key: GpuBuf::from_f32(c, "ple norm key", &p.norm_key)?,
+                    norm_query: GpuBuf::from_f32(c, "ple norm query", &p.norm_query)?,
+                    norm_conv: GpuBuf::from_f32(c, "ple norm conv", &p.norm_conv)?,
+                    conv: GpuBuf::from_f32(c, "ple conv", &p.conv)?,
+                }),
+                None => None,
+            };
+            let mixer = match &lw.mixer {
+                MixerWeights::Gdn(g) => {
+                    if config.gdn.head_k_dim > ops::GDN_MAX_DK {
+                        anyhow::bail!(
+                            "GDN key head dim {} exceeds the GPU kernel's {}",
+                            config.gdn.head_k_dim,
+                            ops::GDN_MAX_DK
+                        );
+                    }
+                    let mut gate_params = g.dt_bias.clone();
+                    gate_params.extend_from_slice(&g.a);
+                    MixerGpu::Gdn(GdnGpu {
+                        qkv: upload(c, &g.qkv)?,
+                        gate: upload(c, &g.gate)?,
+                        beta: upload(c, &g.beta)?,
+                        alpha: upload(c, &g.alpha)?,
+                        gate_params: GpuBuf::from_f32(c, "gdn gate params", &gate_params)?,
+                        conv: GpuBuf::from_f32(c, "gdn conv", &g.conv)?,
+                        norm: GpuBuf::from_f32(c, "gdn norm", &g.norm)?,
+                        out: upload(c, &g.out)?,
+                    })
+                }
+                MixerWeights::Qsa(q) => {
+                    let indexer = match (&q.indexer, q.compress_ratio) {
+                        (Some(ix), Some(ratio)) if ratio > 0 => {
+                            let budget = config.attention.indexer_budget_tokens / ratio;
+                            if budget * ratio + ratio > ops::QSA_MAX_KEYS {
+                                anyhow::bail!(
+                                    "QSA budget of {budget} blocks exceeds the GPU kernel's {} keys",
+                                    ops::QSA_MAX_KEYS
+                                );
+                            }
+                            Some(IndexerGpu {
+                                q: upload(c, &ix.q)?,
+                                k: upload(c, &ix.k)?,
+                                q_norm: GpuBuf::from_f32(c, "indexer q norm", &ix.q_norm)?,
+                                k_norm: GpuBuf::from_f32(c, "indexer k norm", &ix.k_norm)?,
+                                ratio,
+                            })
+                        }
+                        _ => None,
+                    };
+                    MixerGpu::Qsa(QsaGpu {
+                        q: upload(c, &q.q)?,
+                        k: upload(c, &q.k)?,
+                        v: upload(c, &q.v)?,
+                        out: upload(c, &q.out)?,
+                        q_norm: GpuBuf::from_f32(c, "q norm", &q.q_norm)?,
+                        k_norm: GpuBuf::from_f32(c, "k norm", &q.k_norm)?,
+                        indexer,
+                    })
+                }
+            };
+            let m = &lw.moe;
+            let shared = match &m.shared {
+                Some(s) => Some(SharedGpu {
+                    gate: upload(c, &s.gate)?,
+                    up: upload(c, &s.up)?,
+                    down: upload(c, &s.down)?,
+                    gate_inp: vector_as_matrix(c, "shared expert gate", &s.gate_inp)?,
+                }),
+                None => None,
+            };
+            let moe = MoeGpu {
+                router: upload(c, &m.router)?,
+                gate: upload_experts(c, "ffn_gate_exps", &m.gate)?,
+                up: upload_experts(c, "ffn_up_exps", &m.up)?,
+                down: upload_experts(c, "ffn_down_exps", &m.down)?,
+                shared,
+            };
+            layers.push(LayerGpu {
+                ple,
+                attn_hc: upload_hc(c, &lw.attn_hc)?,
+                mixer,
+                ffn_hc: upload_hc(c, &lw.ffn_hc)?,
+                moe,
+            });
+        }
+        // RoPE table for every position a sequence can reach (host f64 sin/cos of f32 angles).
+        let a = &config.attention;
+        let inv = rope_inv_freqs(a.rope_base, a.rotary_dims);
+        let half = inv.len();
+        let mut table = vec![0.0f32; context_length.max(1) * half.max(1) * 2];
+        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
+        for p in 0..context_length {
+            rope_cos_sin(p, &inv, &mut cos, &mut sin);
+            for i in 0..half {
+                table[(p * half + i) * 2] = cos[i];
+                table[(p * half + i) * 2 + 1] = sin[i];
+            }
+        }
+        let rope_table = GpuBuf::from_f32(c, "rope table", &table)?;
+        let dummy = GpuBuf::zeros(c, "dummy", 4)?;
+        let mut weight_bytes = token_embd.bytes() + output.bytes();
+        let hc_bytes =
+            |h: &HcGpu| h.down.bytes() + h.up.bytes() + h.inject.as_ref().map_or(0, |w| w.bytes());
+        weight_bytes += hc_bytes(&head_hc);
+        for l in &layers {
+            weight_bytes += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
+            weight_bytes +=
+                l.moe.router.bytes() + l.moe.gate.bytes() + l.moe.up.bytes() + l.moe.down.bytes();
+        }
+        ctx.wait()?;
+        let info = ModelInfo {
+            name: config.name.clone(),
+            vocab_size: config.vocab_size,
+            context_length,
+            backend: format!("gpu ({})", ctx.adapter.name),
+        };
+        Ok(GpuBackend {
+            ctx,
+            config,
+            weights,
+            token_embd,
+            output,
+            head_hc,
+            layers,
+            rope_table,
+            dummy,
+            info,
+            max_chunk: DEFAULT_MAX_CHUNK,
+            weight_bytes,
+            _gguf: gguf,
+        })
+    }
+
+    /// Bytes of weights in VRAM (excluding the host-side PLE table).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Tokens per chunk (activation buffers are allocated per sequence for this many).
+    pub fn set_max_chunk(&mut self, n: usize) {
+        self.max_chunk = n.max(1);
+    }
+
+    /// Bytes of weights read to decode one token: everything except the unused experts and the
+    /// embedding table (one row).
+    pub fn bytes_per_decoded_token(&self) -> usize {
+        let mut total = self.output.bytes() + self.token_embd.row_bytes;
+        let hc_bytes =
+            |h: &HcGpu| h.down.bytes() + h.up.bytes() + h.inject.as_ref().map_or(0, |w| w.bytes());
+        total += hc_bytes(&self.head_hc);
+        let used = self.config.moe.n_expert_used;
+        let n_expert = self.config.moe.n_expert.max(1);
+        for l in &self.layers {
+            total += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
+            let m = &l.moe;
+            total += m.router.bytes()
+                + (m.gate.bytes() + m.up.bytes() + m.down.bytes()) / n_expert * used;
+            if let Some(s) = &m.shared {
+                total += s.gate.bytes() + s.up.bytes() + s.down.bytes() + s.gate_inp.bytes();
+            }
+            if let Some(p) = &l.ple {
+                total += p.key.bytes() + p.value.bytes();
+            }
+            total += match &l.mixer {
+                MixerGpu::Gdn(g) => {
+                    g.qkv.bytes()
+                        + g.gate.bytes()
+                        + g.beta.bytes()
+                        + g.alpha.bytes()
+                        + g.out.bytes()
+                }
+                MixerGpu::Qsa(q) => {
+                    q.q.bytes()
+                        + q.k.bytes()
+                        + q.v.bytes()
+                        + q.out.bytes()
+                        + q.indexer.as_ref().map_or(0, |i| i.q.bytes() + i.k.bytes())
+                }
+            };
+        }
+        total
+    }
+
+    pub fn sequence(self: &Arc<Self>) -> Result<GpuSequence, GpuError> {
+        GpuSequence::new(Arc::clone(self))
+    }
+}
+
+impl Backend for GpuBackend {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_sequence(self: Arc<Self>) -> Result<Box<dyn Sequence>, EngineError> {
+        Ok(Box::new(GpuSequence::new(self).map_err(gpu_err)?))
+    }
+}
+
+/// Per-layer recurrent state and caches.
+enum LayerState {
+    Gdn {
+        conv: GpuBuf,
+        ssm: GpuBuf,
+    },
+    Qsa {
+        keys: GpuBuf,
+        values: GpuBuf,
+        raw_index_keys: GpuBuf,
+        block_keys: GpuBuf,
+    },
+}
+
+/// Activation buffers for one chunk of up to `max_chunk` tokens.
+struct Scratch {
+    ids: GpuBuf,
+    wide: GpuBuf,
+    normed: GpuBuf,
+    low: GpuBuf,
+    gates: GpuBuf,
+    x_in: GpuBuf,
+    inject: GpuBuf,
+    block_out: GpuBuf,
+    // GDN
+    mixed: GpuBuf,
+    z: GpuBuf,
+    beta_alpha: GpuBuf,
+    conv_out: GpuBuf,
+    recurrent_out: GpuBuf,
+    gdn_normed: GpuBuf,
+    // QSA
+    query_gate: GpuBuf,
+    key: GpuBuf,
+    value: GpuBuf,
+    index_key: GpuBuf,
+    index_query: GpuBuf,
+    selected: GpuBuf,
+    scores: GpuBuf,
+    attended: GpuBuf,
+    // MoE
+    router: GpuBuf,
+    expert_ids: GpuBuf,
+    expert_weights: GpuBuf,
+    expert_gate: GpuBuf,
+    expert_up: GpuBuf,
+    expert_down: GpuBuf,
+    shared_gate: GpuBuf,
+    shared_up: GpuBuf,
+    shared_down: GpuBuf,
+    shared_logit: GpuBuf,
+    // PLE
+    ple_embedding: GpuBuf,
+    ple_key: GpuBuf,
+    ple_key_normed: GpuBuf,
+    ple_value: GpuBuf,
+    ple_query_normed: GpuBuf,
+    ple_gated: GpuBuf,
+    ple_conv_in: GpuBuf,
+    ple_history: GpuBuf,
+    logits: GpuBuf,
+}
+
+pub struct GpuSequence {
+    backend: Arc<GpuBackend>,
+    tokens: Vec<u32>,
+    layers: Vec<LayerState>,
+    scratch: Scratch,
+    poisoned: bool,
+}
+
+impl GpuSequence {
+    fn new(backend: Arc<GpuBackend>) -> Result<Self, GpuError> {
+        let b = &backend;
+        let c = &*b.ctx;
+        let cfg = &b.config;
+        let t = b.max_chunk;
+        let h = cfg.n_embd;
+        let hc = cfg.hc_count;
+        let wide = h * hc;
+        let ctx_len = b.info.context_length;
+        let g = &cfg.gdn;
+        let a = &cfg.attention;
+        let m = &cfg.moe;
+        let mut layers = Vec::new();
+        let mut max_blocks = 1;
+        let mut budget = 1;
+        for l in &b.layers {
+            layers.push(match &l.mixer {
+                MixerGpu::Gdn(_) => LayerState::Gdn {
+                    conv: GpuBuf::zeros(
+                        c,
+                        "gdn conv history",
+                        (g.conv_kernel.max(2) - 1) * g.conv_channels(),
+                    )?,
+                    ssm: GpuBuf::zeros(c, "gdn state", g.n_v_heads * g.head_k_dim * g.head_v_dim)?,
+                },
+                MixerGpu::Qsa(q) => {
+                    let kv = a.n_head_kv * a.head_dim;
+                    let (ratio, idim) = match &q.indexer {
+                        Some(ix) => (ix.ratio, a.indexer_head_dim),
+                        None => (1, 1),
+                    };
+                    if let Some(ix) = &q.indexer {
+                        max_blocks = max_blocks.max(ctx_len / ix.ratio + 1);
+                        budget = budget.max(a.indexer_budget_tokens / ix.ratio);
+                    }
+                    LayerState::Qsa {
+                        keys: GpuBuf::zeros(c, "key cache", ctx_len * kv)?,
+                        values: GpuBuf::zeros(c, "value cache", ctx_len * kv)?,
+                        raw_index_keys: GpuBuf::zeros(c, "indexer key cache", ctx_len * idim)?,
+                        block_keys: GpuBuf::zeros(c, "block keys", (ctx_len / ratio + 1) * idim)?,
+                    }
+                }
+            });
+        }
+        let ple_dim = cfg.ple.as_ref().map_or(32, |p| p.embed_dim());
+        let ple_hist = cfg.ple.as_ref().map_or(1, |p| p.conv_history().max(1));
+        let kv = a.n_head_kv * a.head_dim;
+        let qg = a.n_head * 2 * a.head_dim;
+        let k = m.n_expert_used;
+        let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
+        let scratch = Scratch {
+            ids: z("ids", t)?,
+            wide: z("wide", t * wide)?,
+            normed: z("normed", t * wide)?,
+            low: z("low", t * cfg.hc_low_rank)?,
+            gates: z("gates", t * wide)?,
+            x_in: z("x_in", t * h)?,
+            inject: z("inject", t * hc)?,
+            block_out: z("block out", t * h)?,
+            mixed: z("mixed", t * g.conv_channels())?,
+            z: z("z", t * g.value_dim())?,
+            beta_alpha: z("beta alpha", t * 2 * g.n_v_heads)?,
+            conv_out: z("conv out", t * g.conv_channels())?,
+            recurrent_out: z("recurrent out", t * g.value_dim())?,
+            gdn_normed: z("gdn normed", t * g.value_dim())?,
+            query_gate: z("query gate", t * qg)?,
+            key: z("key", t * kv)?,
+            value: z("value", t * kv)?,
+            index_key: z("index key", t * a.indexer_head_dim)?,
+            index_query: z("index query", t * a.indexer_n_head * a.indexer_head_dim)?,
+            selected: z("selected", t * (budget + 1))?,
+            scores: z("scores", t * 2 * max_blocks)?,
+            attended: z("attended", t * a.n_head * a.head_dim)?,
+            router: z("router", t * m.n_expert)?,
+            expert_ids: z("expert ids", t * k)?,
+            expert_weights: z("expert weights", t * k)?,
+            expert_gate: z("expert gate", t * k * m.expert_ff)?,
+            expert_up: z("expert up", t * k * m.expert_ff)?,
+            expert_down: z("expert down", t * k * h)?,
+            shared_gate: z("shared gate", t * m.shared_ff)?,
+            shared_up: z("shared up", t * m.shared_ff)?,
+            shared_down: z("shared down", t * h)?,
+            shared_logit: z("shared logit", t)?,
+            ple_embedding: z("ple embedding", t * ple_dim)?,
+            ple_key: z("ple key", t * wide)?,
+            ple_key_normed: z("ple key normed", t * wide)?,
+            ple_value: z("ple value", t * h)?,
+            ple_query_normed: z("ple query normed", t * wide)?,
+            ple_gated: z("ple gated", t * wide)?,
+            ple_conv_in: z("ple conv in", t * wide)?,
+            ple_history: z("ple history", ple_hist * wide)?,
+            logits: z("logits", t * cfg.vocab_size)?,
+        };
+        Ok(Self {
+            backend,
+            tokens: Vec::new(),
+            layers,
+            scratch,
+            poisoned: false,
+        })
+    }
+
+    fn norm_spec<'a>(&self, weight: Option<(&'a GpuBuf, usize)>) -> NormSpec<'a> {
+        NormSpec {
+            mode: NormMode::Rms,
+            eps: self.backend.config.rms_eps,
+            scale: 1.0,
+            weight,
+        }
+    }
+
+    fn hc_mix(&self, rec: &mut Recorder, w: &HcGpu, t: usize) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let h = b.config.n_embd;
+        let hc = b.config.hc_count;
+        let wide = h * hc;
+        let groups = Groups::packed(h, hc);
+        ops::rmsnorm(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.norm, wide))),
+            &s.wide,
+            groups,
+            &s.normed,
+            groups,
+            t,
+        )?;
+        let r = w.down.n_rows;
+        kernels::matvec(
+            c,
+            rec,
+            &w.down,
+            View::new(&s.normed, 0, wide),
+            View::new(&s.low, 0, r),
+            t,
+        )?;
+        ops::silu_scale(c, rec, &s.low, t * r, 1.0 / hc as f32)?;
+        kernels::matvec(
+            c,
+            rec,
+            &w.up,
+            View::new(&s.low, 0, r),
+            View::new(&s.gates, 0, wide),
+            t,
+        )?;
+        ops::hc_mix_out(c, rec, &s.gates, &s.normed, &s.x_in, h, hc, t)?;
+        if let Some(inject) = &w.inject {
+            kernels::matvec(
+                c,
+                rec,
+                inject,
+                View::new(&s.normed, 0, wide),
+                View::new(&s.inject, 0, hc),
+                t,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn ple(&self, rec: &mut Recorder, w: &PleGpu, t: usize, pos0: usize) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let Some(pc) = &cfg.ple else {
+            return Err(GpuError::BadArgs("PLE weights without PLE config".into()));
+        };
+        let h = cfg.n_embd;
+        let hc = cfg.hc_count;
+        let wide = h * hc;
+        let groups = Groups::packed(h, hc);
+        let dim = pc.embed_dim();
+        kernels::matvec(
+            c,
+            rec,
+            &w.key,
+            View::new(&s.ple_embedding, 0, dim),
+            View::new(&s.ple_key, 0, wide),
+            t,
+        )?;
+        ops::rmsnorm(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.norm_key, wide))),
+            &s.ple_key,
+            groups,
+            &s.ple_key_normed,
+            groups,
+            t,
+        )?;
+        kernels::matvec(
+            c,
+            rec,
+            &w.value,
+            View::new(&s.ple_embedding, 0, dim),
+            View::new(&s.ple_value, 0, h),
+            t,
+        )?;
+        ops::rmsnorm(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.norm_query, wide))),
+            &s.wide,
+            groups,
+            &s.ple_query_normed,
+            groups,
+            t,
+        )?;
+        let shape = PleShape {
+            h,
+            hc,
+            kernel: pc.conv_kernel,
+            dilation: pc.conv_dilation(),
+        };
+        ops::ple_gate(
+            c,
+            rec,
+            &shape,
+            &s.ple_key_normed,
+            &s.ple_query_normed,
+            &s.ple_value,
+            &s.ple_gated,
+            t,
+        )?;
+        ops::rmsnorm(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.norm_conv, wide))),
+            &s.ple_gated,
+            groups,
+            &s.ple_conv_in,
+            groups,
+            t,
+        )?;
+        ops::ple_conv(
+            c,
+            rec,
+            &shape,
+            &s.ple_conv_in,
+            &s.ple_gated,
+            &w.conv,
+            &s.ple_history,
+            &s.wide,
+            t,
+            pos0,
+        )
+    }
+
+    fn gdn(
+        &self,
+        rec: &mut Recorder,
+        w: &GdnGpu,
+        state: &LayerState,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let LayerState::Gdn { conv, ssm } = state else {
+            return Err(GpuError::BadArgs("GDN layer with attention state".into()));
+        };
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let g = &cfg.gdn;
+        let h = cfg.n_embd;
+        let ch = g.conv_channels();
+        let nv = g.n_v_heads;
+        let x = View::new(&s.x_in, 0, h);
+        kernels::matvec(c, rec, &w.qkv, x, View::new(&s.mixed, 0, ch), t)?;
+        kernels::matvec(c, rec, &w.gate, x, View::new(&s.z, 0, g.value_dim()), t)?;
+        kernels::matvec(c, rec, &w.beta, x, View::new(&s.beta_alpha, 0, 2 * nv), t)?;
+        kernels::matvec(c, rec, &w.alpha, x, View::new(&s.beta_alpha, nv, 2 * nv), t)?;
+        let shape = GdnShape {
+            channels: ch,
+            kernel: g.conv_kernel,
+            n_k_heads: g.n_k_heads,
+            n_v_heads: nv,
+            dk: g.head_k_dim,
+            dv: g.head_v_dim,
+        };
+        ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
+        let l2 = |scale: f32| NormSpec {
+            mode: NormMode::L2,
+            eps: 1e-6,
+            scale,
+            weight: None,
+        };
+        let heads = |off: usize| Groups {
+            n: g.head_k_dim,
+            groups: g.n_k_heads,
+            off,
+            group_stride: g.head_k_dim,
+            token_stride: ch,
+        };
+        ops::rmsnorm_inplace(
+            c,
+            rec,
+            &l2(1.0 / (g.head_k_dim as f32).sqrt()),
+            &s.conv_out,
+            heads(0),
+            t,
+            &b.dummy,
+        )?;
+        ops::rmsnorm_inplace(
+            c,
+            rec,
+            &l2(1.0),
+            &s.conv_out,
+            heads(g.key_dim()),
+            t,
+            &b.dummy,
+        )?;
+        ops::gdn_recurrence(
+            c,
+            rec,
+            &shape,
+            &s.conv_out,
+            &s.beta_alpha,
+            &w.gate_params,
+            ssm,
+            &s.recurrent_out,
+            t,
+        )?;
+        let per_head = Groups::packed(g.head_v_dim, nv);
+        ops::rmsnorm_gated(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.norm, g.head_v_dim))),
+            &s.recurrent_out,
+            &s.z,
+            per_head,
+            &s.gdn_normed,
+            per_head,
+            t,
+        )?;
+        kernels::matvec(
+            c,
+            rec,
+            &w.out,
+            View::new(&s.gdn_normed, 0, g.value_dim()),
+            View::new(&s.block_out, 0, h),
+            t,
+        )
+    }
+
+    fn qsa(
+        &self,
+        rec: &mut Recorder,
+        w: &QsaGpu,
+        state: &LayerState,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        let LayerState::Qsa {
+            keys,
+            values,
+            raw_index_keys,
+            block_keys,
+        } = state
+        else {
+            return Err(GpuError::BadArgs("attention layer with GDN state".into()));
+        };
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let a = &cfg.attention;
+        let h = cfg.n_embd;
+        let hd = a.head_dim;
+        let kv = a.n_head_kv * hd;
+        let qg = a.n_head * 2 * hd;
+        let half = a.rotary_dims / 2;
+        let x = View::new(&s.x_in, 0, h);
+        kernels::matvec(c, rec, &w.q, x, View::new(&s.query_gate, 0, qg), t)?;
+        kernels::matvec(c, rec, &w.k, x, View::new(&s.key, 0, kv), t)?;
+        kernels::matvec(c, rec, &w.v, x, View::new(&s.value, 0, kv), t)?;
+        let q_heads = Groups {
+            n: hd,
+            groups: a.n_head,
+            off: 0,
+            group_stride: 2 * hd,
+            token_stride: qg,
+        };
+        ops::rmsnorm_inplace(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.q_norm, hd))),
+            &s.query_gate,
+            q_heads,
+            t,
+            &b.dummy,
+        )?;
+        ops::rope(
+            c,
+            rec,
+            &s.query_gate,
+            &b.rope_table,
+            t,
+            a.n_head,
+            2 * hd,
+            qg,
+            0,
+            half,
+            pos0,
+            1,
+        )?;
+        ops::rmsnorm_inplace(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.k_norm, hd))),
+            &s.key,
+            Groups::packed(hd, a.n_head_kv),
+            t,
+            &b.dummy,
+        )?;
+        ops::rope(
+            c,
+            rec,
+            &s.key,
+            &b.rope_table,
+            t,
+            a.n_head_kv,
+            hd,
+            kv,
+            0,
+            half,
+            pos0,
+            1,
+        )?;
+        ops::copy_rows(c, rec, &s.key, 0, kv, keys, 0, kv, pos0, t, kv)?;
+        ops::copy_rows(c, rec, &s.value, 0, kv, values, 0, kv, pos0, t, kv)?;
+        let mut params = QsaParams {
+            tokens: t as u32,
+            pos0: pos0 as u32,
+            heads: a.n_head as u32,
+            n_kv: a.n_head_kv as u32,
+            hd: hd as u32,
+            ratio: 1,
+            budget: 0,
+            dense: 1,
+            scale: 1.0 / (hd as f32).sqrt(),
+            ..Default::default()
+        };
+        if let Some(ix) = &w.indexer {
+            let idim = a.indexer_head_dim;
+            let nih = a.indexer_n_head;
+            let ratio = ix.ratio;
+            let budget = a.indexer_budget_tokens / ratio;
+            kernels::matvec(c, rec, &ix.k, x, View::new(&s.index_key, 0, idim), t)?;
+            ops::copy_rows(
+                c,
+                rec,
+                &s.index_key,
+                0,
+                idim,
+                raw_index_keys,
+                0,
+                idim,
+                pos0,
+                t,
+                idim,
+            )?;
+            let first = pos0 / ratio;
+            let end = (pos0 + t) / ratio;
+            if end > first {
+                let count = end - first;
+                ops::block_mean(
+                    c,
+                    rec,
+                    raw_index_keys,
+                    block_keys,
+                    first,
+                    count,
+                    ratio,
+                    idim,
+                )?;
+                let rows = Groups {
+                    n: idim,
+                    groups: 1,
+                    off: first * idim,
+                    group_stride: idim,
+                    token_stride: idim,
+                };
+                ops::rmsnorm_inplace(
+                    c,
+                    rec,
+                    &self.norm_spec(Some((&ix.k_norm, idim))),
+                    block_keys,
+                    rows,
+                    count,
+                    &b.dummy,
+                )?;
+                ops::rope(
+                    c,
+                    rec,
+                    block_keys,
+                    &b.rope_table,
+                    count,
+                    1,
+                    idim,
+                    idim,
+                    first * idim,
+                    half,
+                    first * ratio,
+                    ratio,
+                )?;
+            }
+            kernels::matvec(
+                c,
+                rec,
+                &ix.q,
+                x,
+                View::new(&s.index_query, 0, nih * idim),
+                t,
+            )?;
+            ops::rmsnorm_inplace(
+                c,
+                rec,
+                &self.norm_spec(Some((&ix.q_norm, idim))),
+                &s.index_query,
+                Groups::packed(idim, nih),
+                t,
+                &b.dummy,
+            )?;
+            ops::rope(
+                c,
+                rec,
+                &s.index_query,
+                &b.rope_table,
+                t,
+                nih,
+                idim,
+                nih * idim,
+                0,
+                half,
+                pos0,
+                1,
+            )?;
+            let max_blocks = s.scores.len / (2 * b.max_chunk);
+            let select = QsaParams {
+                tokens: t as u32,
+                pos0: pos0 as u32,
+                heads: nih as u32,
+                ratio: ratio as u32,
+                budget: budget as u32,
+                idim: idim as u32,
+                max_blocks: max_blocks as u32,
+                scale: 1.0 / (idim as f32).sqrt(),
+                ..Default::default()
+            };
+            ops::qsa_select(
+                c,
+                rec,
+                &select,
+                &s.index_query,
+                block_keys,
+                &s.scores,
+                &s.selected,
+            )?;
+            params.ratio = ratio as u32;
+            params.budget = budget as u32;
+            params.dense = 0;
+        }
+        ops::qsa_attend(
+            c,
+            rec,
+            &params,
+            &s.query_gate,
+            keys,
+            values,
+            &s.selected,
+            &s.attended,
+        )?;
+        kernels::matvec(
+            c,
+            rec,
+            &w.out,
+            View::new(&s.attended, 0, a.n_head * hd),
+            View::new(&s.block_out, 0, h),
+            t,
+        )
+    }
+
+    fn moe(&self, rec: &mut Recorder, w: &MoeGpu, t: usize) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let m = &cfg.moe;
+        let h = cfg.n_embd;
+        let k = m.n_expert_used;
+        let f = m.expert_ff;
+        let x = View::new(&s.x_in, 0, h);
+        kernels::matvec(c, rec, &w.router, x, View::new(&s.router, 0, m.n_expert), t)?;
+        ops::moe_router(
+            c,
+            rec,
+            &s.router,
+            &s.expert_ids,
+            &s.expert_weights,
+            m.n_expert,
+            k,
+            t,
+        )?;
+        let items = t * k;
+        kernels::matvec_expert(
+            c,
+            rec,
+            &w.gate,
+            &s.expert_ids,
+            k,
+            false,
+            x,
+            View::new(&s.expert_gate, 0, f),
+            items,
+        )?;
+        kernels::matvec_expert(
+            c,
+            rec,
+            &w.up,
+            &s.expert_ids,
+            k,
+            false,
+            x,
+            View::new(&s.expert_up, 0, f),
+            items,
+        )?;
+        ops::swiglu(c, rec, &s.expert_gate, &s.expert_up, items * f)?;
+        kernels::matvec_expert(
+            c,
+            rec,
+            &w.down,
+            &s.expert_ids,
+            k,
+            true,
+            View::new(&s.expert_gate, 0, f),
+            View::new(&s.expert_down, 0, h),
+            items,
+        )?;
+        let shared = match &w.shared {
+            Some(sh) => {
+                let sf = sh.gate.n_rows;
+                kernels::matvec(c, rec, &sh.gate, x, View::new(&s.shared_gate, 0, sf), t)?;
+                kernels::matvec(c, rec, &sh.up, x, View::new(&s.shared_up, 0, sf), t)?;
+                ops::swiglu(c, rec, &s.shared_gate, &s.shared_up, t * sf)?;
+                kernels::matvec(
+                    c,
+                    rec,
+                    &sh.down,
+                    View::new(&s.shared_gate, 0, sf),
+                    View::new(&s.shared_down, 0, h),
+                    t,
+                )?;
+                kernels::matvec(c, rec, &sh.gate_inp, x, View::new(&s.shared_logit, 0, 1), t)?;
+                Some((&s.shared_down, &s.shared_logit))
+            }
+            None => None,
+        };
+        ops::moe_combine(
+            c,
+            rec,
+            &s.expert_down,
+            &s.expert_weights,
+            shared,
+            &s.block_out,
+            h,
+            k,
+            t,
+        )
+    }
+
+    /// Record the forward pass of `t` tokens at positions pos0.. (ids and PLE rows already
+    /// uploaded). Logits land in `scratch.logits`: all rows, or only the last token's in row 0.
+    fn record(
+        &self,
+        rec: &mut Recorder,
+        t: usize,
+        pos0: usize,
+        all_logits: bool,
+    ) -> Result<usize, GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let hc = cfg.hc_count;
+        let wide = h * hc;
+        kernels::get_rows(
+            c,
+            rec,
+            &b.token_embd,
+            &s.ids,
+            t,
+            View::new(&s.wide, 0, wide),
+            hc,
+            h,
+        )?;
+        for (layer, state) in b.layers.iter().zip(&self.layers) {
+            if let Some(p) = &layer.ple {
+                self.ple(rec, p, t, pos0)?;
+            }
+            self.hc_mix(rec, &layer.attn_hc, t)?;
+            match &layer.mixer {
+                MixerGpu::Gdn(g) => self.gdn(rec, g, state, t)?,
+                MixerGpu::Qsa(q) => self.qsa(rec, q, state, t, pos0)?,
+            }
+            ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)?;
+            self.hc_mix(rec, &layer.ffn_hc, t)?;
+            self.moe(rec, &layer.moe, t)?;
+            ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)?;
+        }
+        self.hc_mix(rec, &b.head_hc, t)?;
+        let v = cfg.vocab_size;
+        if all_logits {
+            kernels::matvec(
+                c,
+                rec,
+                &b.output,
+                View::new(&s.x_in, 0, h),
+                View::new(&s.logits, 0, v),
+                t,
+            )?;
+            Ok(t)
+        } else {
+            kernels::matvec(
+                c,
+                rec,
+                &b.output,
+                View::new(&s.x_in, (t - 1) * h, h),
+                View::new(&s.logits, 0, v),
+                1,
+            )?;
+            Ok(1)
+        }
+    }
+
+    /// Host side of PLE: hash the n-gram rows of each chunk token and dequantize them.
+    fn upload_ple_rows(&self, pos0: usize, t: usize) -> Result<(), EngineError> {
+        let b = &self.backend;
+        let Some(pc) = &b.config.ple else {
+            return Ok(());
+        };
+        let Some(table) = b
+            .weights
+            .layers
+            .get(pc.layer)
+            .and_then(|l| l.ple.as_ref())
+            .map(|p| &p.table)
+        else {
+            return Ok(());
+        };
+        let dim = pc.embed_dim();
+        let mut rows = vec![0.0f32; t * dim];
+        for i in 0..t {
+            let context =
+                ngram_context(&self.tokens[..pos0 + i + 1], pc.ngram_size, pc.eos_token_id);
+            for (head, row) in hash_rows(pc, &context).into_iter().enumerate() {
+                let row = usize::try_from(row).unwrap_or(usize::MAX);
+                let out =
+                    &mut rows[i * dim + head * pc.head_dim..i * dim + (head + 1) * pc.head_dim];
+                table
+                    .dequantize_row(row, out)
+                    .map_err(|e| EngineError::Other(e.to_string()))?;
+            }
+        }
+        if let Some(bad) = first_non_finite(&rows) {
+            return Err(EngineError::NonFinite {
+                stage: "PLE table rows".into(),
+                position: pos0 + bad / dim,
+            });
+        }
+        self.scratch
+            .ple_embedding
+            .write_f32(&b.ctx, 0, &rows)
+            .map_err(gpu_err)
+    }
+
+    fn feed_chunk(&mut self, chunk: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        let pos0 = self.tokens.len();
+        let t = chunk.len();
+        self.tokens.extend_from_slice(chunk);
+        let b = Arc::clone(&self.backend);
+        let c = &*b.ctx;
+        self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
+        self.upload_ple_rows(pos0, t)?;
+        let mut rec = Recorder::new();
+        let rows = self
+            .record(&mut rec, t, pos0, all_logits)
+            .map_err(gpu_err)?;
+        let v = b.config.vocab_size;
+        let size = (rows * v * 4) as u64;
+        let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("token"),
+            });
+        rec.encode(&mut encoder, None);
+        encoder.copy_buffer_to_buffer(&self.scratch.logits.buffer, 0, &staging, 0, size);
+        c.queue.submit([encoder.finish()]);
+        let bytes = read_staging(c, &staging).map_err(gpu_err)?;
+        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        if let Some(bad) = first_non_finite(&logits) {
+            let row = bad / v.max(1);
+            let position = if all_logits { pos0 + row } else { pos0 + t - 1 };
+            return Err(EngineError::NonFinite {
+                stage: "GPU logits".into(),
+                position,
+            });
+        }
+        Ok(logits)
+    }
+}
+
+impl Sequence for GpuSequence {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        if self.poisoned {
+            return Err(EngineError::Other(
+                "sequence is unusable after an earlier error".into(),
+            ));
+        }
+        let vocab = self.backend.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
+        }
+        let ctx = self.backend.info.context_length;
+        let needed = self.tokens.len() + tokens.len();
+        if needed > ctx {
+            return Err(EngineError::ContextOverflow { needed, ctx });
+        }
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let chunks: Vec<&[u32]> = tokens.chunks(self.backend.max_chunk).collect();
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let want = all_logits || i == last;
+            match self.feed_chunk(chunk, all_logits) {
+                Ok(logits) => {
+                    if want {
+                        out.extend_from_slice(&logits);
+                    }
+                }
+                Err(e) => {
+                    self.poisoned = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn fork(&self) -> Option<Box<dyn Sequence>> {
+        None
+    }
+}
+
+/// Adapter index from `STRATA_ADAPTER` (the CLI's `--adapter` where a subcommand offers it).
+pub fn adapter_from_env() -> Option<usize> {
+    std::env::var("STRATA_ADAPTER")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Load for the CLI. `required`: `--backend gpu` (any error is returned). Otherwise (`auto`) the
+/// GPU is used only when a hardware adapter (not a software rasterizer such as lavapipe) is
+/// usable; `Ok(None)` tells the caller to fall back to the CPU.
+pub fn load_for_cli(
+    gguf: Arc<Gguf>,
+    ctx_len: usize,
+    required: bool,
+) -> anyhow::Result<Option<Arc<dyn Backend>>> {
+    let ctx = match GpuContext::new(adapter_from_env()) {
+        Ok(c) => c,
+        Err(e) if !required => {
+            tracing::info!("no GPU ({e}); using the CPU");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !required && ctx.adapter.device_type == format!("{:?}", wgpu::DeviceType::Cpu) {
+        tracing::info!(
+            "only a software adapter ({}); using the CPU",
+            ctx.adapter.name
+        );
+        return Ok(None);
+    }
+    match GpuBackend::load(ctx, gguf, ctx_len) {
+        Ok(b) => Ok(Some(Arc::new(b))),
+        Err(e) if !required => {
+            tracing::warn!("GPU load failed ({e:#}); using the CPU");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,300 @@
+//! GPU buffers: weight tensors split by whole rows so no binding exceeds the adapter's
+//! `max_storage_buffer_binding_size` (128 MiB on lavapipe) or `max_buffer_size`, and plain f32 /
+//! u32 activation buffers with upload and readback.
+
+use std::sync::Arc;
+
+use wgpu::util::DeviceExt;
+
+use crate::gguf::types::GgmlType;
+
+use super::{GpuContext, GpuError};
+
+/// One contiguous run of whole rows of a weight tensor, in its own buffer.
+pub struct WeightPart {
+    pub buffer: wgpu::Buffer,
+    pub first_row: usize,
+    pub n_rows: usize,
+}
+
+/// A weight matrix in VRAM in its GGUF block format: `n_rows` rows of `row_len` values.
+/// Expert tensors are `n_units` matrices of `rows_per_unit` rows each, and a part always holds
+/// whole experts so a kernel never needs to look into two parts for one expert.
+pub struct GpuWeight {
+    pub name: String,
+    pub ty: GgmlType,
+    pub row_len: usize,
+    pub n_rows: usize,
+    pub row_bytes: usize,
+    pub rows_per_unit: usize,
+    pub parts: Vec<WeightPart>,
+}
+
+impl GpuWeight {
+    /// Upload `data` (raw GGUF bytes of `n_rows` rows). `rows_per_unit` is 1 for a plain matrix
+    /// and the rows of one expert for stacked expert tensors.
+    pub fn upload(
+        ctx: &GpuContext,
+        name: &str,
+        ty: GgmlType,
+        row_len: usize,
+        n_rows: usize,
+        rows_per_unit: usize,
+        data: &[u8],
+    ) -> Result<Self, GpuError> {
+        Self::upload_with_limit(ctx, name, ty, row_len, n_rows, rows_per_unit, data, None)
+    }
+
+    /// As [`Self::upload`], with parts capped at `max_part_bytes` (below the adapter limit); tests
+    /// use it to exercise split tensors on a small model.
+    #[allow(clippy::too_many_arguments)]
+    pub fn upload_with_limit(
+        ctx: &GpuContext,
+        name: &str,
+        ty: GgmlType,
+        row_len: usize,
+        n_rows: usize,
+        rows_per_unit: usize,
+        data: &[u8],
+        max_part_bytes: Option<usize>,
+    ) -> Result<Self, GpuError> {
+        let bad = |m: String| GpuError::BadArgs(format!("weight {name}: {m}"));
+        if !super::shaders::supports(ty) {
+            return Err(GpuError::Unsupported(format!(
+                "weight {name} has type {}, which has no GPU kernel",
+                ty.name()
+            )));
+        }
+        let block = ty.block_size();
+        if row_len == 0 || !row_len.is_multiple_of(32) || !row_len.is_multiple_of(block) {
+            return Err(bad(format!(
+                "row length {row_len} is not a multiple of 32 and of the {} block size {block}",
+                ty.name()
+            )));
+        }
+        if rows_per_unit == 0 || !n_rows.is_multiple_of(rows_per_unit) {
+            return Err(bad(format!(
+                "{n_rows} rows do not split into units of {rows_per_unit}"
+            )));
+        }
+        let row_bytes = row_len / block * ty.type_size();
+        let expected = row_bytes
+            .checked_mul(n_rows)
+            .ok_or_else(|| bad("size overflows".into()))?;
+        if data.len() != expected {
+            return Err(bad(format!(
+                "{} bytes given, {expected} expected",
+                data.len()
+            )));
+        }
+        let unit_bytes = row_bytes * rows_per_unit;
+        // Byte addresses inside a part are u32 in the shaders.
+        let mut limit = ctx.max_binding_bytes().min(u32::MAX as u64 - 16) as usize;
+        if let Some(cap) = max_part_bytes {
+            limit = limit.min(cap);
+        }
+        let units_per_part = (limit / unit_bytes.max(1)).max(1);
+        if unit_bytes > limit {
+            return Err(bad(format!(
+                "one unit of {unit_bytes} bytes exceeds the adapter's binding limit of {limit} bytes"
+            )));
+        }
+        let n_units = n_rows / rows_per_unit;
+        let mut parts = Vec::new();
+        let mut unit = 0;
+        while unit < n_units {
+            let count = units_per_part.min(n_units - unit);
+            let first_row = unit * rows_per_unit;
+            let rows = count * rows_per_unit;
+            let bytes = &data[first_row * row_bytes..(first_row + rows) * row_bytes];
+            parts.push(WeightPart {
+                buffer: storage_with_bytes(ctx, name, bytes),
+                first_row,
+                n_rows: rows,
+            });
+            unit += count;
+        }
+        Ok(Self {
+            name: name.to_string(),
+            ty,
+            row_len,
+            n_rows,
+            row_bytes,
+            rows_per_unit,
+            parts,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.row_bytes * self.n_rows
+    }
+}
+
+/// A storage buffer holding `bytes`, zero-padded to a multiple of 4 bytes.
+pub fn storage_with_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    let padded_len = bytes.len().div_ceil(4).max(1) * 4;
+    if padded_len == bytes.len() {
+        return ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            });
+    }
+    let mut padded = Vec::with_capacity(padded_len);
+    padded.extend_from_slice(bytes);
+    padded.resize(padded_len, 0);
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: &padded,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        })
+}
+
+/// A storage buffer of `len` 32-bit elements (f32 or u32), readable back to the host.
+#[derive(Clone)]
+pub struct GpuBuf {
+    pub buffer: Arc<wgpu::Buffer>,
+    pub len: usize,
+}
+
+impl GpuBuf {
+    pub fn zeros(ctx: &GpuContext, label: &str, len: usize) -> Result<Self, GpuError> {
+        let size = (len.max(1) * 4) as u64;
+        if size > ctx.max_binding_bytes() {
+            return Err(GpuError::BadArgs(format!(
+                "buffer {label} of {size} bytes exceeds the binding limit {}",
+                ctx.max_binding_bytes()
+            )));
+        }
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Self {
+            buffer: Arc::new(buffer),
+            len,
+        })
+    }
+
+    pub fn from_f32(ctx: &GpuContext, label: &str, data: &[f32]) -> Result<Self, GpuError> {
+        let b = Self::zeros(ctx, label, data.len())?;
+        b.write_f32(ctx, 0, data)?;
+        Ok(b)
+    }
+
+    pub fn from_u32(ctx: &GpuContext, label: &str, data: &[u32]) -> Result<Self, GpuError> {
+        let b = Self::zeros(ctx, label, data.len())?;
+        b.write_u32(ctx, 0, data)?;
+        Ok(b)
+    }
+
+    pub fn write_f32(&self, ctx: &GpuContext, offset: usize, data: &[f32]) -> Result<(), GpuError> {
+        self.write_bytes(ctx, offset, bytemuck::cast_slice(data), data.len())
+    }
+
+    pub fn write_u32(&self, ctx: &GpuContext, offset: usize, data: &[u32]) -> Result<(), GpuError> {
+        self.write_bytes(ctx, offset, bytemuck::cast_slice(data), data.len())
+    }
+
+    fn write_bytes(
+        &self,
+        ctx: &GpuContext,
+        offset: usize,
+        bytes: &[u8],
+        count: usize,
+    ) -> Result<(), GpuError> {
+        if offset + count > self.len {
+            return Err(GpuError::BadArgs(format!(
+                "write of {count} elements at {offset} into a buffer of {}",
+                self.len
+            )));
+        }
+        if !bytes.is_empty() {
+            ctx.queue
+                .write_buffer(&self.buffer, (offset * 4) as u64, bytes);
+        }
+        Ok(())
+    }
+
+    /// Copy `count` elements starting at `offset` back to the host (waits for the GPU).
+    pub fn read_f32(
+        &self,
+        ctx: &GpuContext,
+        offset: usize,
+        count: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let bytes = self.read_bytes(ctx, offset, count)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    pub fn read_u32(
+        &self,
+        ctx: &GpuContext,
+        offset: usize,
+        count: usize,
+    ) -> Result<Vec<u32>, GpuError> {
+        let bytes = self.read_bytes(ctx, offset, count)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    fn read_bytes(
+        &self,
+        ctx: &GpuContext,
+        offset: usize,
+        count: usize,
+    ) -> Result<Vec<u8>, GpuError> {
+        if offset + count > self.len {
+            return Err(GpuError::BadArgs(format!(
+                "read of {count} elements at {offset} from a buffer of {}",
+                self.len
+            )));
+        }
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let size = (count * 4) as u64;
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("readback"),
+            });
+        encoder.copy_buffer_to_buffer(&self.buffer, (offset * 4) as u64, &staging, 0, size);
+        ctx.queue.submit([encoder.finish()]);
+        read_staging(ctx, &staging)
+    }
+}
+
+/// Map a MAP_READ buffer (whose copy was already submitted) and return its bytes.
+pub fn read_staging(ctx: &GpuContext, staging: &wgpu::Buffer) -> Result<Vec<u8>, GpuError> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = sender.send(r);
+    });
+    ctx.wait()?;
+    match receiver.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(GpuError::Device(format!("buffer map failed: {e}"))),
+        Err(_) => return Err(GpuError::Device("buffer map callback never ran".into())),
+    }
+    let view = staging
+        .slice(..)
+        .get_mapped_range()
+        .map_err(|e| GpuError::Device(format!("mapped range: {e}")))?;
+    let out = view.to_vec();
+    drop(view);
+    staging.unmap();
+    Ok(out)
+}

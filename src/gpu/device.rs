@@ -1,0 +1,256 @@
+//! Adapter discovery and device creation.
+//!
+//! The instance is pinned to Vulkan (overridable through `WGPU_BACKEND`): with every backend enabled
+//! wgpu silently falls back to a GL adapter that has no subgroups and fails every kernel later, so we
+//! refuse to start instead. The device is created with the adapter's own limits (the defaults cap a
+//! binding at 128 MiB and workgroup storage at 16 KiB) and every optional feature we can use.
+
+use std::sync::{Arc, Mutex};
+
+use super::GpuError;
+use super::pipelines::PipelineCache;
+
+/// One adapter as `strata inspect --gpus` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AdapterSummary {
+    /// Index to pass as `--adapter N`.
+    pub index: usize,
+    pub name: String,
+    pub device_type: String,
+    pub backend: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    pub has_subgroups: bool,
+    pub has_f16: bool,
+    pub has_timestamps: bool,
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_storage_buffers_per_shader_stage: u32,
+    pub max_compute_workgroup_storage_size: u32,
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN;
+    // `with_env` lets WGPU_BACKEND (and the other WGPU_* variables) override the pinned backend.
+    wgpu::Instance::new(desc.with_env())
+}
+
+fn enumerate() -> Vec<wgpu::Adapter> {
+    let instance = instance();
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    // A stable order so `--adapter N` means the same adapter on every run: discrete GPUs first.
+    adapters.sort_by_key(|a| {
+        let info = a.get_info();
+        (device_type_rank(info.device_type), info.name.clone())
+    });
+    adapters
+}
+
+fn device_type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+/// Every adapter the (Vulkan-pinned) instance can see, in `--adapter` order.
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    enumerate()
+        .iter()
+        .enumerate()
+        .map(|(index, a)| summarize(index, a))
+        .collect()
+}
+
+fn summarize(index: usize, adapter: &wgpu::Adapter) -> AdapterSummary {
+    let info = adapter.get_info();
+    let features = adapter.features();
+    let limits = adapter.limits();
+    AdapterSummary {
+        index,
+        name: info.name,
+        device_type: format!("{:?}", info.device_type),
+        backend: format!("{:?}", info.backend),
+        driver: info.driver,
+        driver_info: info.driver_info,
+        subgroup_min_size: info.subgroup_min_size,
+        subgroup_max_size: info.subgroup_max_size,
+        has_subgroups: features.contains(wgpu::Features::SUBGROUP),
+        has_f16: features.contains(wgpu::Features::SHADER_F16),
+        has_timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        max_buffer_size: limits.max_buffer_size,
+        max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+        max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+        max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+    }
+}
+
+/// A created device plus what the kernels need to know about it.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub adapter: AdapterSummary,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    pub pipelines: PipelineCache,
+    /// Validation errors wgpu reports asynchronously; checked after every submission so a bad
+    /// dispatch becomes an error instead of silently wrong numbers.
+    uncaptured: Arc<Mutex<Vec<String>>>,
+    /// i-quant codebooks, uploaded on first use.
+    grids: Mutex<std::collections::HashMap<crate::gguf::types::GgmlType, Arc<wgpu::Buffer>>>,
+}
+
+impl GpuContext {
+    /// Create a device on adapter `index` (see [`list_adapters`]), or on the best adapter when
+    /// `None` (discrete GPU first).
+    pub fn new(index: Option<usize>) -> Result<Arc<Self>, GpuError> {
+        let adapters = enumerate();
+        if adapters.is_empty() {
+            return Err(GpuError::NoAdapter(
+                "no Vulkan adapter found (install a Vulkan driver, e.g. `mesa-vulkan-drivers` for \
+                 the lavapipe CPU driver, or set WGPU_BACKEND)"
+                    .into(),
+            ));
+        }
+        let chosen = index.unwrap_or(0);
+        let Some(adapter) = adapters.get(chosen) else {
+            return Err(GpuError::NoAdapter(format!(
+                "adapter {chosen} requested but only {} found",
+                adapters.len()
+            )));
+        };
+        let summary = summarize(chosen, adapter);
+        let available = adapter.features();
+        if !available.contains(wgpu::Features::SUBGROUP) {
+            return Err(GpuError::NoAdapter(format!(
+                "adapter {:?} ({}) has no subgroup support, which every strata kernel needs",
+                summary.name, summary.backend
+            )));
+        }
+        if !available.contains(wgpu::Features::IMMEDIATES) {
+            return Err(GpuError::NoAdapter(format!(
+                "adapter {:?} lacks immediates (push constants), which strata kernels use for their parameters",
+                summary.name
+            )));
+        }
+        let wanted = wgpu::Features::SUBGROUP
+            | wgpu::Features::IMMEDIATES
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        let features = available & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("strata"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| {
+            GpuError::NoAdapter(format!("request_device on {:?} failed: {e}", summary.name))
+        })?;
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut errors) = sink.lock() {
+                errors.push(e.to_string());
+            }
+        }));
+        tracing::info!(adapter = %summary.name, driver = %summary.driver, "gpu device created");
+        Ok(Arc::new(Self {
+            pipelines: PipelineCache::new(device.clone()),
+            device,
+            queue,
+            adapter: summary,
+            limits,
+            features,
+            uncaptured,
+            grids: Mutex::new(std::collections::HashMap::new()),
+        }))
+    }
+
+    /// The largest storage binding any kernel may use.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    pub fn has_timestamps(&self) -> bool {
+        self.features
+            .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+    }
+
+    /// Turn any asynchronous validation error into a `GpuError`.
+    pub fn check_errors(&self) -> Result<(), GpuError> {
+        let mut errors = match self.uncaptured.lock() {
+            Ok(e) => e,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let message = errors.join("; ");
+        errors.clear();
+        Err(GpuError::Validation(message))
+    }
+
+    /// Block until all submitted work is done.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| GpuError::Device(format!("poll failed: {e}")))?;
+        self.check_errors()
+    }
+
+    /// The codebook buffer of an i-quant type (None for types without one).
+    pub fn grid_buffer(
+        &self,
+        ty: crate::gguf::types::GgmlType,
+    ) -> Result<Option<Arc<wgpu::Buffer>>, GpuError> {
+        let mut grids = match self.grids.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(b) = grids.get(&ty) {
+            return Ok(Some(b.clone()));
+        }
+        let Some(words) = super::iq_grids::grid_words(ty)? else {
+            return Ok(None);
+        };
+        let buffer = Arc::new(super::buffers::storage_with_bytes(
+            self,
+            &format!("{} grid", ty.name()),
+            bytemuck::cast_slice(&words),
+        ));
+        grids.insert(ty, buffer.clone());
+        Ok(Some(buffer))
+    }
+
+    /// Human-readable adapter line, e.g. for test output.
+    pub fn describe(&self) -> String {
+        let a = &self.adapter;
+        format!(
+            "{} ({} / {}, driver {} {}, subgroup {}..{})",
+            a.name,
+            a.device_type,
+            a.backend,
+            a.driver,
+            a.driver_info,
+            a.subgroup_min_size,
+            a.subgroup_max_size
+        )
+    }
+}

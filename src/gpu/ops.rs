@@ -1,0 +1,794 @@
+//! Launchers for the non-matvec kernels (norms, hyper-connections, GDN, PLE, QSA, MoE). Each one
+//! packs its shader's `Params` (passed as immediates) and the buffers the entry point binds.
+
+use super::buffers::GpuBuf;
+use super::kernels::Recorder;
+use super::pipelines::PipelineKey;
+use super::{GpuContext, GpuError};
+
+fn u(v: usize) -> Result<u32, GpuError> {
+    u32::try_from(v).map_err(|_| GpuError::BadArgs(format!("{v} does not fit in u32")))
+}
+
+fn words(values: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(values).to_vec()
+}
+
+fn need(buf: &GpuBuf, len: usize, what: &str) -> Result<(), GpuError> {
+    if buf.len < len {
+        return Err(GpuError::BadArgs(format!(
+            "{what}: buffer of {} elements, {len} needed",
+            buf.len
+        )));
+    }
+    Ok(())
+}
+
+/// Which norm `rmsnorm` computes.
+#[derive(Clone, Copy)]
+pub enum NormMode {
+    /// x / sqrt(mean(x^2) + eps)
+    Rms,
+    /// x / sqrt(sum(x^2) + eps)
+    L2,
+}
+
+/// Where the groups of a norm live: group g of token t starts at `off + t*token_stride + g*group_stride`.
+#[derive(Clone, Copy)]
+pub struct Groups {
+    pub n: usize,
+    pub groups: usize,
+    pub off: usize,
+    pub group_stride: usize,
+    pub token_stride: usize,
+}
+
+impl Groups {
+    /// `groups` contiguous groups of `n` per token, tokens packed.
+    pub fn packed(n: usize, groups: usize) -> Self {
+        Self {
+            n,
+            groups,
+            off: 0,
+            group_stride: n,
+            token_stride: n * groups,
+        }
+    }
+
+    fn end(&self, tokens: usize) -> usize {
+        if tokens == 0 || self.groups == 0 {
+            return 0;
+        }
+        self.off + (tokens - 1) * self.token_stride + (self.groups - 1) * self.group_stride + self.n
+    }
+}
+
+/// Norm parameters shared by the three entry points.
+#[derive(Clone, Copy)]
+pub struct NormSpec<'a> {
+    pub mode: NormMode,
+    pub eps: f32,
+    pub scale: f32,
+    /// Weight and its period (see shaders/norm.wgsl); None = no weight.
+    pub weight: Option<(&'a GpuBuf, usize)>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn norm_params(
+    spec: &NormSpec,
+    src: Groups,
+    dst: Groups,
+    tokens: usize,
+) -> Result<Vec<u8>, GpuError> {
+    let period = spec.weight.map(|(_, p)| p).unwrap_or(0);
+    let mut w = vec![
+        u(src.n)?,
+        u(src.groups)?,
+        u(tokens)?,
+        match spec.mode {
+            NormMode::Rms => 0,
+            NormMode::L2 => 1,
+        },
+        u(src.off)?,
+        u(src.group_stride)?,
+        u(src.token_stride)?,
+        u(dst.off)?,
+        u(dst.group_stride)?,
+        u(dst.token_stride)?,
+        u(period)?,
+    ];
+    w.push(spec.eps.to_bits());
+    w.push(spec.scale.to_bits());
+    Ok(words(&w))
+}
+
+fn weight_or<'a>(spec: &NormSpec<'a>, fallback: &'a GpuBuf) -> Result<&'a GpuBuf, GpuError> {
+    match spec.weight {
+        Some((w, period)) => {
+            need(w, period, "norm weight")?;
+            Ok(w)
+        }
+        None => Ok(fallback),
+    }
+}
+
+/// y = norm(x) per group (out of place).
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    spec: &NormSpec,
+    x: &GpuBuf,
+    src: Groups,
+    y: &GpuBuf,
+    dst: Groups,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(x, src.end(tokens), "rmsnorm input")?;
+    need(y, dst.end(tokens), "rmsnorm output")?;
+    let w = weight_or(spec, x)?;
+    let params = norm_params(spec, src, dst, tokens)?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("norm", "rmsnorm"),
+        &[(0, &*x.buffer), (1, &*y.buffer), (2, &*w.buffer)],
+        &params,
+        [u(src.groups)?, u(tokens)?, 1],
+    )
+}
+
+/// In-place norm of the groups of `y`.
+pub fn rmsnorm_inplace(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    spec: &NormSpec,
+    y: &GpuBuf,
+    groups: Groups,
+    tokens: usize,
+    dummy: &GpuBuf,
+) -> Result<(), GpuError> {
+    need(y, groups.end(tokens), "rmsnorm input")?;
+    let w = weight_or(spec, dummy)?;
+    let params = norm_params(spec, groups, groups, tokens)?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("norm", "rmsnorm_inplace"),
+        &[(1, &*y.buffer), (2, &*w.buffer)],
+        &params,
+        [u(groups.groups)?, u(tokens)?, 1],
+    )
+}
+
+/// y = rmsnorm(x) * w * sigmoid(z), z laid out like x (the GDN output norm).
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_gated(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    spec: &NormSpec,
+    x: &GpuBuf,
+    z: &GpuBuf,
+    src: Groups,
+    y: &GpuBuf,
+    dst: Groups,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(x, src.end(tokens), "gated norm input")?;
+    need(z, src.end(tokens), "gated norm gate")?;
+    need(y, dst.end(tokens), "gated norm output")?;
+    let w = weight_or(spec, x)?;
+    let params = norm_params(spec, src, dst, tokens)?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("norm", "rmsnorm_gated"),
+        &[
+            (0, &*x.buffer),
+            (1, &*y.buffer),
+            (2, &*w.buffer),
+            (3, &*z.buffer),
+        ],
+        &params,
+        [u(src.groups)?, u(tokens)?, 1],
+    )
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct ElementwiseParams {
+    count: u32,
+    a: f32,
+    width: u32,
+    rows: u32,
+    src_off: u32,
+    src_stride: u32,
+    dst_off: u32,
+    dst_stride: u32,
+    row0: u32,
+    ratio: u32,
+}
+
+fn flat_grid(count: usize) -> Result<[u32; 3], GpuError> {
+    let groups = count.div_ceil(64);
+    let x = groups.min(65535);
+    Ok([u(x)?, u(groups.div_ceil(x.max(1)))?, 1])
+}
+
+/// y[i] = silu(y[i] * a) for the first `count` elements.
+pub fn silu_scale(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    y: &GpuBuf,
+    count: usize,
+    a: f32,
+) -> Result<(), GpuError> {
+    need(y, count, "silu")?;
+    let params = ElementwiseParams {
+        count: u(count)?,
+        a,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("elementwise", "silu_scale"),
+        &[(1, &*y.buffer)],
+        bytemuck::bytes_of(&params),
+        flat_grid(count)?,
+    )
+}
+
+/// gate[i] = silu(gate[i]) * up[i].
+pub fn swiglu(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    gate: &GpuBuf,
+    up: &GpuBuf,
+    count: usize,
+) -> Result<(), GpuError> {
+    need(gate, count, "swiglu gate")?;
+    need(up, count, "swiglu up")?;
+    let params = ElementwiseParams {
+        count: u(count)?,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("elementwise", "swiglu"),
+        &[(0, &*up.buffer), (1, &*gate.buffer)],
+        bytemuck::bytes_of(&params),
+        flat_grid(count)?,
+    )
+}
+
+/// dst[dst_off + (row0 + t) * dst_stride + i] = src[src_off + t * src_stride + i], i < width, t < rows.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_rows(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    src: &GpuBuf,
+    src_off: usize,
+    src_stride: usize,
+    dst: &GpuBuf,
+    dst_off: usize,
+    dst_stride: usize,
+    row0: usize,
+    rows: usize,
+    width: usize,
+) -> Result<(), GpuError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    need(
+        src,
+        src_off + (rows - 1) * src_stride + width,
+        "copy source",
+    )?;
+    need(
+        dst,
+        dst_off + (row0 + rows - 1) * dst_stride + width,
+        "copy destination",
+    )?;
+    let params = ElementwiseParams {
+        width: u(width)?,
+        rows: u(rows)?,
+        src_off: u(src_off)?,
+        src_stride: u(src_stride)?,
+        dst_off: u(dst_off)?,
+        dst_stride: u(dst_stride)?,
+        row0: u(row0)?,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("elementwise", "copy_rows"),
+        &[(0, &*src.buffer), (1, &*dst.buffer)],
+        bytemuck::bytes_of(&params),
+        [u(width.div_ceil(64))?, u(rows)?, 1],
+    )
+}
+
+/// Block means of raw indexer keys: blocks [first, first + count) of `ratio` rows of `width`.
+#[allow(clippy::too_many_arguments)]
+pub fn block_mean(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    raw: &GpuBuf,
+    out: &GpuBuf,
+    first: usize,
+    count: usize,
+    ratio: usize,
+    width: usize,
+) -> Result<(), GpuError> {
+    if count == 0 {
+        return Ok(());
+    }
+    need(raw, (first + count) * ratio * width, "block mean input")?;
+    need(out, (first + count) * width, "block mean output")?;
+    let params = ElementwiseParams {
+        width: u(width)?,
+        rows: u(count)?,
+        row0: u(first)?,
+        ratio: u(ratio)?,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("elementwise", "block_mean"),
+        &[(0, &*raw.buffer), (1, &*out.buffer)],
+        bytemuck::bytes_of(&params),
+        [u(width.div_ceil(64))?, u(count)?, 1],
+    )
+}
+
+/// x_in[t] = mean_s sigmoid(g[t,s]) * n[t,s]  (per element, streams in order).
+#[allow(clippy::too_many_arguments)]
+pub fn hc_mix_out(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    gates: &GpuBuf,
+    normed: &GpuBuf,
+    out: &GpuBuf,
+    h: usize,
+    hc: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(gates, tokens * h * hc, "hc gates")?;
+    need(normed, tokens * h * hc, "hc normed")?;
+    need(out, tokens * h, "hc out")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("hc", "hc_mix_out"),
+        &[(0, &*gates.buffer), (1, &*normed.buffer), (2, &*out.buffer)],
+        &words(&[u(h)?, u(hc)?, u(tokens)?]),
+        [u(h.div_ceil(64))?, u(tokens)?, 1],
+    )
+}
+
+/// wide[t, s] += 2 sigmoid(inject[t, s] / hc) * y[t].
+#[allow(clippy::too_many_arguments)]
+pub fn hc_combine(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    wide: &GpuBuf,
+    y: &GpuBuf,
+    inject: &GpuBuf,
+    h: usize,
+    hc: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(wide, tokens * h * hc, "hc residual")?;
+    need(y, tokens * h, "hc block output")?;
+    need(inject, tokens * hc, "hc inject")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("hc", "hc_combine"),
+        &[(2, &*wide.buffer), (3, &*y.buffer), (4, &*inject.buffer)],
+        &words(&[u(h)?, u(hc)?, u(tokens)?]),
+        [u((h * hc).div_ceil(64))?, u(tokens)?, 1],
+    )
+}
+
+/// GDN shapes for the gdn kernels.
+#[derive(Clone, Copy)]
+pub struct GdnShape {
+    pub channels: usize,
+    pub kernel: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl GdnShape {
+    fn params(&self, tokens: usize) -> Result<Vec<u8>, GpuError> {
+        Ok(words(&[
+            u(tokens)?,
+            u(self.channels)?,
+            u(self.kernel)?,
+            u(self.n_k_heads)?,
+            u(self.n_v_heads)?,
+            u(self.dk)?,
+            u(self.dv)?,
+            u(self.n_k_heads * self.dk)?,
+        ]))
+    }
+}
+
+/// Causal depthwise conv + SiLU over the chunk, advancing the history.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_conv(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    shape: &GdnShape,
+    input: &GpuBuf,
+    conv_weight: &GpuBuf,
+    history: &GpuBuf,
+    out: &GpuBuf,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    if shape.kernel < 2 {
+        return Err(GpuError::Unsupported(
+            "GDN conv with fewer than 2 taps".into(),
+        ));
+    }
+    need(input, tokens * shape.channels, "gdn conv input")?;
+    need(
+        conv_weight,
+        shape.channels * shape.kernel,
+        "gdn conv weight",
+    )?;
+    need(
+        history,
+        (shape.kernel - 1) * shape.channels,
+        "gdn conv history",
+    )?;
+    need(out, tokens * shape.channels, "gdn conv output")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("gdn", "gdn_conv"),
+        &[
+            (0, &*input.buffer),
+            (1, &*conv_weight.buffer),
+            (2, &*history.buffer),
+            (3, &*out.buffer),
+        ],
+        &shape.params(tokens)?,
+        [u(shape.channels.div_ceil(64))?, 1, 1],
+    )
+}
+
+/// Largest key head dim the recurrence kernel holds per invocation.
+pub const GDN_MAX_DK: usize = 128;
+
+/// The delta-rule recurrence over the chunk (state updated in place).
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_recurrence(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    shape: &GdnShape,
+    qkv: &GpuBuf,
+    beta_alpha: &GpuBuf,
+    gate_params: &GpuBuf,
+    state: &GpuBuf,
+    out: &GpuBuf,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    if shape.dk > GDN_MAX_DK {
+        return Err(GpuError::Unsupported(format!(
+            "GDN key head dim {} > {GDN_MAX_DK}",
+            shape.dk
+        )));
+    }
+    let nv = shape.n_v_heads;
+    need(qkv, tokens * shape.channels, "gdn qkv")?;
+    need(beta_alpha, tokens * 2 * nv, "gdn beta/alpha")?;
+    need(gate_params, 2 * nv, "gdn dt_bias/a")?;
+    need(state, nv * shape.dk * shape.dv, "gdn state")?;
+    need(out, tokens * nv * shape.dv, "gdn output")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("gdn", "gdn_recurrence"),
+        &[
+            (4, &*qkv.buffer),
+            (5, &*beta_alpha.buffer),
+            (6, &*gate_params.buffer),
+            (7, &*state.buffer),
+            (8, &*out.buffer),
+        ],
+        &shape.params(tokens)?,
+        [u((nv * shape.dv).div_ceil(64))?, 1, 1],
+    )
+}
+
+/// PLE shapes.
+#[derive(Clone, Copy)]
+pub struct PleShape {
+    pub h: usize,
+    pub hc: usize,
+    pub kernel: usize,
+    pub dilation: usize,
+}
+
+impl PleShape {
+    fn params(&self, tokens: usize, pos0: usize) -> Result<Vec<u8>, GpuError> {
+        Ok(words(&[
+            u(tokens)?,
+            u(self.h)?,
+            u(self.hc)?,
+            u(self.kernel)?,
+            u(self.dilation)?,
+            u(pos0)?,
+        ]))
+    }
+}
+
+/// P[t, s] = sigmoid(signed_sqrt(<KN_s, QN_s>/sqrt(h))) * V[t].
+#[allow(clippy::too_many_arguments)]
+pub fn ple_gate(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    shape: &PleShape,
+    key_normed: &GpuBuf,
+    query_normed: &GpuBuf,
+    value: &GpuBuf,
+    gated: &GpuBuf,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let wide = shape.h * shape.hc;
+    need(key_normed, tokens * wide, "ple key")?;
+    need(query_normed, tokens * wide, "ple query")?;
+    need(value, tokens * shape.h, "ple value")?;
+    need(gated, tokens * wide, "ple gated")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("ple", "ple_gate"),
+        &[
+            (0, &*key_normed.buffer),
+            (1, &*query_normed.buffer),
+            (2, &*value.buffer),
+            (3, &*gated.buffer),
+        ],
+        &shape.params(tokens, 0)?,
+        [u(shape.hc)?, u(tokens)?, 1],
+    )
+}
+
+/// wide += P + silu(dilated conv of N), advancing the history.
+#[allow(clippy::too_many_arguments)]
+pub fn ple_conv(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    shape: &PleShape,
+    normed: &GpuBuf,
+    gated: &GpuBuf,
+    conv_weight: &GpuBuf,
+    history: &GpuBuf,
+    wide: &GpuBuf,
+    tokens: usize,
+    pos0: usize,
+) -> Result<(), GpuError> {
+    let width = shape.h * shape.hc;
+    let hist = (shape.kernel.max(1) - 1) * shape.dilation;
+    need(normed, tokens * width, "ple normed")?;
+    need(gated, tokens * width, "ple gated")?;
+    need(conv_weight, width * shape.kernel, "ple conv weight")?;
+    need(history, hist.max(1) * width, "ple history")?;
+    need(wide, tokens * width, "ple residual")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("ple", "ple_conv"),
+        &[
+            (4, &*normed.buffer),
+            (5, &*gated.buffer),
+            (6, &*conv_weight.buffer),
+            (7, &*history.buffer),
+            (8, &*wide.buffer),
+        ],
+        &shape.params(tokens, pos0)?,
+        [u(width.div_ceil(64))?, 1, 1],
+    )
+}
+
+/// Parameters of shaders/qsa.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct QsaParams {
+    pub tokens: u32,
+    pub pos0: u32,
+    pub heads: u32,
+    pub head_stride: u32,
+    pub row_stride: u32,
+    pub off: u32,
+    pub half: u32,
+    pub pos_step: u32,
+    pub n_kv: u32,
+    pub hd: u32,
+    pub ratio: u32,
+    pub budget: u32,
+    pub idim: u32,
+    pub max_blocks: u32,
+    pub dense: u32,
+    pub scale: f32,
+}
+
+/// Rotate `heads` vectors per row in place (positions pos0 + t*pos_step).
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    y: &GpuBuf,
+    table: &GpuBuf,
+    rows: usize,
+    heads: usize,
+    head_stride: usize,
+    row_stride: usize,
+    off: usize,
+    half: usize,
+    pos0: usize,
+    pos_step: usize,
+) -> Result<(), GpuError> {
+    if rows == 0 || half == 0 {
+        return Ok(());
+    }
+    need(
+        y,
+        off + (rows - 1) * row_stride + (heads - 1) * head_stride + 2 * half,
+        "rope data",
+    )?;
+    need(
+        table,
+        (pos0 + (rows - 1) * pos_step + 1) * half * 2,
+        "rope table (context too long?)",
+    )?;
+    let params = QsaParams {
+        tokens: u(rows)?,
+        pos0: u(pos0)?,
+        heads: u(heads)?,
+        head_stride: u(head_stride)?,
+        row_stride: u(row_stride)?,
+        off: u(off)?,
+        half: u(half)?,
+        pos_step: u(pos_step)?,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("qsa", "rope"),
+        &[(0, &*y.buffer), (1, &*table.buffer)],
+        bytemuck::bytes_of(&params),
+        [u(half.div_ceil(64))?, u(heads)?, u(rows)?],
+    )
+}
+
+/// Block selection per query token (see shaders/qsa.wgsl).
+#[allow(clippy::too_many_arguments)]
+pub fn qsa_select(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    params: &QsaParams,
+    index_queries: &GpuBuf,
+    block_keys: &GpuBuf,
+    scratch: &GpuBuf,
+    selected: &GpuBuf,
+) -> Result<(), GpuError> {
+    let t = params.tokens as usize;
+    need(scratch, t * 2 * params.max_blocks as usize, "qsa scratch")?;
+    need(selected, t * (params.budget as usize + 1), "qsa selection")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("qsa", "qsa_select"),
+        &[
+            (2, &*index_queries.buffer),
+            (3, &*block_keys.buffer),
+            (4, &*scratch.buffer),
+            (5, &*selected.buffer),
+        ],
+        bytemuck::bytes_of(params),
+        [u(t)?, 1, 1],
+    )
+}
+
+/// Most keys one query may attend to on the GPU (workgroup storage).
+pub const QSA_MAX_KEYS: usize = 2560;
+
+/// Attention over the selected keys, with the sigmoid output gate.
+#[allow(clippy::too_many_arguments)]
+pub fn qsa_attend(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    params: &QsaParams,
+    queries: &GpuBuf,
+    keys: &GpuBuf,
+    values: &GpuBuf,
+    selected: &GpuBuf,
+    out: &GpuBuf,
+) -> Result<(), GpuError> {
+    let t = params.tokens as usize;
+    let h = params.heads as usize;
+    let hd = params.hd as usize;
+    if params.dense != 0 && params.pos0 as usize + t > QSA_MAX_KEYS {
+        return Err(GpuError::Unsupported(format!(
+            "dense attention past {QSA_MAX_KEYS} tokens on the GPU"
+        )));
+    }
+    need(queries, t * h * 2 * hd, "qsa queries")?;
+    need(out, t * h * hd, "qsa output")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("qsa", "qsa_attend"),
+        &[
+            (6, &*queries.buffer),
+            (7, &*keys.buffer),
+            (8, &*values.buffer),
+            (9, &*selected.buffer),
+            (10, &*out.buffer),
+        ],
+        bytemuck::bytes_of(params),
+        [u(h)?, u(t)?, 1],
+    )
+}
+
+/// Softmax router with top-k (in place on the logits).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_router(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    logits: &GpuBuf,
+    ids: &GpuBuf,
+    weights: &GpuBuf,
+    n_expert: usize,
+    k: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(logits, tokens * n_expert, "router logits")?;
+    need(ids, tokens * k, "router ids")?;
+    need(weights, tokens * k, "router weights")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("moe", "moe_router"),
+        &[
+            (0, &*logits.buffer),
+            (1, &*ids.buffer),
+            (2, &*weights.buffer),
+        ],
+        &words(&[u(tokens)?, u(n_expert)?, u(k)?, 0, 0]),
+        [u(tokens.div_ceil(64))?, 1, 1],
+    )
+}
+
+/// y = sum_slot w * expert_out (+ sigmoid(shared_gate) * shared).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    expert_out: &GpuBuf,
+    weights: &GpuBuf,
+    shared: Option<(&GpuBuf, &GpuBuf)>,
+    y: &GpuBuf,
+    h: usize,
+    k: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(expert_out, tokens * k * h, "expert outputs")?;
+    need(weights, tokens * k, "routing weights")?;
+    need(y, tokens * h, "moe output")?;
+    let (sh, sg, has) = match shared {
+        Some((sh, sg)) => {
+            need(sh, tokens * h, "shared expert output")?;
+            need(sg, tokens, "shared gate")?;
+            (sh, sg, 1)
+        }
+        None => (weights, weights, 0),
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("moe", "moe_combine"),
+        &[
+            (3, &*expert_out.buffer),
+            (4, &*weights.buffer),
+            (5, &*sh.buffer),
+            (6, &*sg.buffer),
+            (7, &*y.buffer),
+        ],
+        &words(&[u(tokens)?, 0, u(k)?, u(h)?, has]),
+        [u(h.div_ceil(64))?, u(tokens)?, 1],
+    )
+}

@@ -1,0 +1,115 @@
+//! Compute pipelines, built once and cached by (shader, entry point, override constants).
+//!
+//! Shaders are assembled from the files under `shaders/` (see [`super::shaders`]); the assembled
+//! source is compiled on the first request only. Layouts are derived from the shader, so a kernel's
+//! bind group must bind exactly the resources its entry point uses.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::GpuError;
+use super::shaders;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    /// Assembled shader name, e.g. `matvec:q4_k`.
+    pub shader: String,
+    pub entry: &'static str,
+    /// Override constants by name; values stored as their f64 bit pattern so the key is hashable.
+    pub constants: Vec<(&'static str, u64)>,
+}
+
+impl PipelineKey {
+    pub fn new(shader: impl Into<String>, entry: &'static str) -> Self {
+        Self {
+            shader: shader.into(),
+            entry,
+            constants: Vec::new(),
+        }
+    }
+
+    pub fn constant(mut self, name: &'static str, value: f64) -> Self {
+        self.constants.push((name, value.to_bits()));
+        self
+    }
+}
+
+pub struct PipelineCache {
+    device: wgpu::Device,
+    modules: Mutex<HashMap<String, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    pub fn new(device: wgpu::Device) -> Self {
+        Self {
+            device,
+            modules: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn get(&self, key: &PipelineKey) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        if let Some(p) = lock(&self.pipelines).get(key) {
+            return Ok(p.clone());
+        }
+        let module = self.module(&key.shader)?;
+        let constants: Vec<(&str, f64)> = key
+            .constants
+            .iter()
+            .map(|(n, bits)| (*n, f64::from_bits(*bits)))
+            .collect();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&key.shader),
+                layout: None,
+                module: &module,
+                entry_point: Some(key.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Shader {
+                shader: format!("{} ({})", key.shader, key.entry),
+                message: err.to_string(),
+            });
+        }
+        let pipeline = Arc::new(pipeline);
+        lock(&self.pipelines).insert(key.clone(), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    fn module(&self, shader: &str) -> Result<wgpu::ShaderModule, GpuError> {
+        if let Some(m) = lock(&self.modules).get(shader) {
+            return Ok(m.clone());
+        }
+        let source = shaders::assemble(shader)?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(shader),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Shader {
+                shader: shader.to_string(),
+                message: err.to_string(),
+            });
+        }
+        lock(&self.modules).insert(shader.to_string(), module.clone());
+        Ok(module)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

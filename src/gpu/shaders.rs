@@ -1,0 +1,98 @@
+//! WGSL sources and their assembly. Each op lives in `shaders/<op>.wgsl`; a quantized kernel is the
+//! op body concatenated with `shaders/quant/common.wgsl` and the `dequant_chunk` of one type
+//! (`shaders/quant/<type>.wgsl`), so every type shares one mat-vec body and one reduction order.
+
+use crate::gguf::types::GgmlType;
+
+use super::GpuError;
+
+const QUANT_COMMON: &str = include_str!("../../shaders/quant/common.wgsl");
+const IQ_COMMON: &str = include_str!("../../shaders/quant/iq_common.wgsl");
+const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: array<u32>;\n";
+
+/// Weight formats the GPU kernels can read, with the WGSL file that dequantizes them.
+pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => include_str!("../../shaders/quant/f32.wgsl"),
+        GgmlType::F16 => include_str!("../../shaders/quant/f16.wgsl"),
+        GgmlType::BF16 => include_str!("../../shaders/quant/bf16.wgsl"),
+        GgmlType::Q8_0 => include_str!("../../shaders/quant/q8_0.wgsl"),
+        GgmlType::Q4_0 => include_str!("../../shaders/quant/q4_0.wgsl"),
+        GgmlType::Q4_1 => include_str!("../../shaders/quant/q4_1.wgsl"),
+        GgmlType::Q5_0 => include_str!("../../shaders/quant/q5_0.wgsl"),
+        GgmlType::Q5_1 => include_str!("../../shaders/quant/q5_1.wgsl"),
+        GgmlType::IQ4_NL => include_str!("../../shaders/quant/iq4_nl.wgsl"),
+        GgmlType::IQ4_XS => include_str!("../../shaders/quant/iq4_xs.wgsl"),
+        GgmlType::Q2_K => include_str!("../../shaders/quant/q2_k.wgsl"),
+        GgmlType::Q3_K => include_str!("../../shaders/quant/q3_k.wgsl"),
+        GgmlType::Q4_K => include_str!("../../shaders/quant/q4_k.wgsl"),
+        GgmlType::Q5_K => include_str!("../../shaders/quant/q5_k.wgsl"),
+        GgmlType::Q6_K => include_str!("../../shaders/quant/q6_k.wgsl"),
+        GgmlType::IQ2_XXS => include_str!("../../shaders/quant/iq2_xxs.wgsl"),
+        GgmlType::IQ2_XS => include_str!("../../shaders/quant/iq2_xs.wgsl"),
+        GgmlType::IQ2_S => include_str!("../../shaders/quant/iq2_s.wgsl"),
+        GgmlType::IQ3_XXS => include_str!("../../shaders/quant/iq3_xxs.wgsl"),
+        GgmlType::IQ3_S => include_str!("../../shaders/quant/iq3_s.wgsl"),
+        GgmlType::IQ1_S => include_str!("../../shaders/quant/iq1_s.wgsl"),
+        GgmlType::IQ1_M => include_str!("../../shaders/quant/iq1_m.wgsl"),
+        _ => return None,
+    })
+}
+
+/// Whether the type's dequantizer reads a codebook table (bound as `GRID`, binding 4).
+pub fn needs_grid(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+    )
+}
+
+/// Whether the GPU kernels can read tensors of this type.
+pub fn supports(ty: GgmlType) -> bool {
+    quant_source(ty).is_some()
+}
+
+fn op_source(op: &str) -> Option<&'static str> {
+    Some(match op {
+        "matvec" => include_str!("../../shaders/matvec.wgsl"),
+        "norm" => include_str!("../../shaders/norm.wgsl"),
+        "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
+        "hc" => include_str!("../../shaders/hc.wgsl"),
+        "gdn" => include_str!("../../shaders/gdn.wgsl"),
+        "ple" => include_str!("../../shaders/ple.wgsl"),
+        "qsa" => include_str!("../../shaders/qsa.wgsl"),
+        "moe" => include_str!("../../shaders/moe.wgsl"),
+        "read" => include_str!("../../shaders/read.wgsl"),
+        _ => return None,
+    })
+}
+
+/// Assemble shader `name`: either an op (`norm`) or a quantized op (`matvec:Q4_K`).
+pub fn assemble(name: &str) -> Result<String, GpuError> {
+    let unknown = || GpuError::Shader {
+        shader: name.to_string(),
+        message: "no such shader".into(),
+    };
+    match name.split_once(':') {
+        None => op_source(name).map(str::to_string).ok_or_else(unknown),
+        Some((op, ty_name)) => {
+            let body = op_source(op).ok_or_else(unknown)?;
+            let ty = GgmlType::from_name(ty_name).ok_or_else(unknown)?;
+            let quant = quant_source(ty).ok_or_else(|| {
+                GpuError::Unsupported(format!("no GPU dequantizer for {}", ty.name()))
+            })?;
+            let grid = if needs_grid(ty) {
+                format!("{IQ_GRID_BINDING}{IQ_COMMON}\n")
+            } else {
+                String::new()
+            };
+            Ok(format!("{body}\n{grid}{QUANT_COMMON}\n{quant}"))
+        }
+    }
+}

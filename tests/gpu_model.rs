@@ -1,0 +1,163 @@
+//! The whole tiny model on the GPU (lavapipe in CI) against the transformers oracle.
+//!
+//! Per fixture type and prompt: prompt logits within 1e-3 of `refs/<TYPE>/<prompt>.prompt_logits.npy`
+//! at every position whose QSA margin (`refs/F32/<prompt>.qsa_margin_prompt.npy`) is >= 1e-3, and
+//! bit-identical logits across two runs and across prefill chunk sizes 1, 7, 64 and whole prompt.
+//! Without an adapter the test fails when `CI` is set and is skipped otherwise.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use strata::engine::Backend;
+use strata::gguf::Gguf;
+use strata::gpu::GpuContext;
+use strata::gpu::backend::GpuBackend;
+use strata::npy::{self, NpyArray};
+
+const TOLERANCE: f32 = 1e-3;
+const MIN_QSA_MARGIN: f32 = 1e-3;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
+}
+
+fn read(path: &Path) -> NpyArray {
+    npy::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn prompt_ids(name: &str) -> Vec<u32> {
+    let text = std::fs::read_to_string(fixtures().join("prompts.json")).expect("prompts.json");
+    let all: serde_json::Value = serde_json::from_str(&text).expect("prompts.json parses");
+    all[name]
+        .as_array()
+        .expect("prompt is a list")
+        .iter()
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect()
+}
+
+fn context() -> Option<Arc<GpuContext>> {
+    let adapter = std::env::var("STRATA_ADAPTER")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    match GpuContext::new(adapter) {
+        Ok(ctx) => {
+            println!("adapter: {}", ctx.describe());
+            Some(ctx)
+        }
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set but no usable GPU adapter: {e}");
+            }
+            eprintln!("SKIPPED: no usable GPU adapter ({e})");
+            None
+        }
+    }
+}
+
+fn load(ctx: &Arc<GpuContext>, ty: &str) -> Arc<GpuBackend> {
+    let path = fixtures().join(format!("tiny-{ty}.gguf"));
+    let gguf = Arc::new(Gguf::open(&path).expect("fixture GGUF opens"));
+    Arc::new(GpuBackend::load(ctx.clone(), gguf, 1024).expect("model loads on the GPU"))
+}
+
+fn run(backend: &Arc<GpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut seq = Arc::clone(backend).new_sequence().expect("sequence");
+    let mut out = Vec::new();
+    for piece in tokens.chunks(chunk) {
+        out.extend(seq.feed(piece, true).expect("feed"));
+    }
+    out
+}
+
+/// Minimum over the QSA layers of the margin at each position.
+fn margins(path: &Path) -> Vec<f32> {
+    let m = read(path);
+    let len = *m.shape.last().expect("margin shape");
+    (0..len)
+        .map(|i| {
+            m.data
+                .iter()
+                .skip(i)
+                .step_by(len)
+                .copied()
+                .fold(f32::INFINITY, f32::min)
+        })
+        .collect()
+}
+
+fn check_type(ctx: &Arc<GpuContext>, ty: &str, prompts: &[&str]) {
+    let backend = load(ctx, ty);
+    let vocab = backend.info().vocab_size;
+    for prompt in prompts {
+        let ids = prompt_ids(prompt);
+        let whole = run(&backend, &ids, ids.len());
+        let reference = read(&fixtures().join(format!(
+            "refs/{ty_ref}/{prompt}.prompt_logits.npy",
+            ty_ref = ref_dir(ty)
+        )));
+        let margin = margins(&fixtures().join(format!("refs/F32/{prompt}.qsa_margin_prompt.npy")));
+        let mut worst = 0f32;
+        let mut checked = 0;
+        for (pos, m) in margin.iter().enumerate().take(ids.len()) {
+            if *m < MIN_QSA_MARGIN {
+                continue;
+            }
+            let got = &whole[pos * vocab..(pos + 1) * vocab];
+            let want = reference.row(pos);
+            let d = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            worst = worst.max(d);
+            checked += 1;
+        }
+        println!(
+            "{ty} {prompt}: {checked}/{} positions checked, max |diff| {worst:.2e}",
+            ids.len()
+        );
+        assert!(
+            checked > 0,
+            "{ty} {prompt}: no position passed the margin filter"
+        );
+        assert!(
+            worst <= TOLERANCE,
+            "{ty} {prompt}: max |diff| {worst} > {TOLERANCE}"
+        );
+        let again = run(&backend, &ids, ids.len());
+        assert!(bits_equal(&whole, &again), "{ty} {prompt}: two runs differ");
+        for chunk in [1, 7, 64] {
+            if chunk >= ids.len() {
+                continue;
+            }
+            let chunked = run(&backend, &ids, chunk);
+            assert!(
+                bits_equal(&whole, &chunked),
+                "{ty} {prompt}: chunk {chunk} differs from whole-prompt prefill"
+            );
+        }
+        println!("{ty} {prompt}: bit-identical across 2 runs and chunk sizes 1, 7, 64, whole");
+    }
+}
+
+/// F16 holds the F32 weights exactly, so it is checked against the F32 references.
+fn ref_dir(ty: &str) -> &str {
+    if ty == "F16" { "F32" } else { ty }
+}
+
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn tiny_f16_matches_reference_and_is_chunk_invariant() {
+    let Some(ctx) = context() else { return };
+    check_type(&ctx, "F16", &["p1", "p7", "p64eos", "p300"]);
+}
+
+#[test]
+fn tiny_iq3_s_matches_reference_and_is_chunk_invariant() {
+    let Some(ctx) = context() else { return };
+    check_type(&ctx, "IQ3_S", &["p1", "p300"]);
+}
