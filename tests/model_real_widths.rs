@@ -376,26 +376,39 @@ fn real_widths_run_and_are_chunk_invariant() {
         "every position has its own logits"
     );
 
-    let one_by_one = feed_in_chunks(
-        Arc::clone(&backend).new_sequence().expect("seq").as_mut(),
-        &tokens,
-        1,
-    );
+    // Token by token, on one thread: neither the split nor the thread count may change a bit.
+    let single_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool");
+    let one_by_one = single_thread.install(|| {
+        feed_in_chunks(
+            Arc::clone(&backend).new_sequence().expect("seq").as_mut(),
+            &tokens,
+            1,
+        )
+    });
     assert!(
         same_bits(&whole, &one_by_one),
-        "token-by-token differs from one whole feed"
+        "token-by-token on one thread differs from one whole feed"
     );
 
-    // Fork in the middle: both branches continue exactly like the unforked run.
-    let mut first = Arc::clone(&backend).new_sequence().expect("seq");
-    let mut head = first.feed(&tokens[..6], true).expect("feed");
-    let mut second = first.fork().expect("CPU sequences fork");
-    let rest_a = first.feed(&tokens[6..], true).expect("feed");
-    let rest_b = second.feed(&tokens[6..], true).expect("feed");
-    assert!(same_bits(&rest_a, &rest_b), "a fork diverged");
-    head.extend(rest_a);
-    assert!(
-        same_bits(&head, &whole),
-        "fork + continue differs from one feed"
-    );
+    // Fork in the middle (on three threads): both branches continue exactly like the unforked run.
+    let three_threads = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .expect("pool");
+    three_threads.install(|| {
+        let mut first = Arc::clone(&backend).new_sequence().expect("seq");
+        let mut head = first.feed(&tokens[..6], true).expect("feed");
+        let mut second = first.fork().expect("CPU sequences fork");
+        let rest_a = first.feed(&tokens[6..], true).expect("feed");
+        let rest_b = second.feed(&tokens[6..], true).expect("feed");
+        assert!(same_bits(&rest_a, &rest_b), "a fork diverged");
+        head.extend(rest_a);
+        assert!(
+            same_bits(&head, &whole),
+            "fork + continue differs from one feed"
+        );
+    });
 }

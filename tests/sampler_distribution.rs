@@ -62,10 +62,18 @@ fn temperature_sharpens() {
 fn top_k_and_top_p_cut_the_tail() {
     let logits = log_probs(&[0.5, 0.3, 0.2]);
     let top_k = Sampler::new(&params(1.0, 2, 1.0), &[]).unwrap();
-    assert_close(&frequencies(&top_k, &logits, N), &[0.625, 0.375, 0.0], 0.015);
+    assert_close(
+        &frequencies(&top_k, &logits, N),
+        &[0.625, 0.375, 0.0],
+        0.015,
+    );
     // top_p 0.7: 0.5 < 0.7, 0.5 + 0.3 ≥ 0.7 ⇒ keep tokens 0 and 1.
     let top_p = Sampler::new(&params(1.0, 0, 0.7), &[]).unwrap();
-    assert_close(&frequencies(&top_p, &logits, N), &[0.625, 0.375, 0.0], 0.015);
+    assert_close(
+        &frequencies(&top_p, &logits, N),
+        &[0.625, 0.375, 0.0],
+        0.015,
+    );
 }
 
 #[test]
@@ -82,7 +90,10 @@ fn same_seed_and_position_give_the_same_token_in_any_order() {
     let logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 / 25.0).collect();
     let s = Sampler::new(&params(1.0, 0, 1.0), &[]).unwrap();
     let forward: Vec<u32> = (0..300).map(|p| s.pick(&logits, p).unwrap()).collect();
-    let backward: Vec<u32> = (0..300).rev().map(|p| s.pick(&logits, p).unwrap()).collect();
+    let backward: Vec<u32> = (0..300)
+        .rev()
+        .map(|p| s.pick(&logits, p).unwrap())
+        .collect();
     let mut backward = backward;
     backward.reverse();
     assert_eq!(forward, backward);
@@ -130,7 +141,11 @@ fn penalties_push_away_from_repeats() {
     p.frequency_penalty = 0.2;
     let mut s = Sampler::new(&p, &[0, 0, 0]).unwrap();
     assert_eq!(s.sample(&logits, 3).unwrap(), 0);
-    assert_eq!(s.sample(&logits, 4).unwrap(), 1, "token 0 penalised by 0.2 once generated");
+    assert_eq!(
+        s.sample(&logits, 4).unwrap(),
+        1,
+        "token 0 penalised by 0.2 once generated"
+    );
     // Presence penalty: once each of 0 and 1 was generated, both lose 2 and token 2 wins.
     let logits = [2.0, 1.9, 0.5];
     let mut p = params(0.0, 0, 1.0);
@@ -146,11 +161,26 @@ fn defaults_are_not_greedy_and_bad_values_are_rejected() {
     let d = SamplingParams::default();
     assert_eq!((d.temperature, d.top_p, d.top_k), (0.6, 0.95, 20));
     for bad in [
-        SamplingParams { temperature: -1.0, ..d.clone() },
-        SamplingParams { top_p: 0.0, ..d.clone() },
-        SamplingParams { min_p: 1.5, ..d.clone() },
-        SamplingParams { repetition_penalty: 0.0, ..d.clone() },
-        SamplingParams { temperature: f32::NAN, ..d.clone() },
+        SamplingParams {
+            temperature: -1.0,
+            ..d.clone()
+        },
+        SamplingParams {
+            top_p: 0.0,
+            ..d.clone()
+        },
+        SamplingParams {
+            min_p: 1.5,
+            ..d.clone()
+        },
+        SamplingParams {
+            repetition_penalty: 0.0,
+            ..d.clone()
+        },
+        SamplingParams {
+            temperature: f32::NAN,
+            ..d.clone()
+        },
     ] {
         assert!(Sampler::new(&bad, &[]).is_err(), "{bad:?} accepted");
     }

@@ -78,7 +78,10 @@ fn prompt_cache_reuses_exact_prefixes_and_changes_nothing() {
     let fed_before = backend.tokens_fed.load(Ordering::SeqCst);
     let second = run(&mut cached, &request(second_prompt.clone(), 10, 2)).unwrap();
     let fed = backend.tokens_fed.load(Ordering::SeqCst) - fed_before;
-    assert_eq!(second.usage.cached_tokens, prompt.len() + first.tokens.len() - 1);
+    assert_eq!(
+        second.usage.cached_tokens,
+        prompt.len() + first.tokens.len() - 1
+    );
     assert_eq!(second.usage.prompt_tokens, second_prompt.len());
     // Only the 3 new prompt tokens and the generated ones (minus the unfed last) were computed.
     assert_eq!(fed, 3 + second.tokens.len() - 1);
@@ -98,17 +101,27 @@ fn prompt_cache_reuses_exact_prefixes_and_changes_nothing() {
 fn prefill_is_chunked_with_progress() {
     let backend = fake(FakeOptions::default());
     let mut g = Generator::new(backend.clone()).with_prompt_cache(false);
-    let prompt: Vec<u32> = (0..(2 * PREFILL_CHUNK + 10) as u32).map(|i| i % 500).collect();
+    let prompt: Vec<u32> = (0..(2 * PREFILL_CHUNK + 10) as u32)
+        .map(|i| i % 500)
+        .collect();
     let mut progress = Vec::new();
     let cancel = AtomicBool::new(false);
     let out = g
-        .generate(&request(prompt.clone(), 2, 1), &mut LetterDecoder, &cancel, &mut |e| {
-            if let GenEvent::PromptProgress { done, .. } = e {
-                progress.push(done)
-            }
-        })
+        .generate(
+            &request(prompt.clone(), 2, 1),
+            &mut LetterDecoder,
+            &cancel,
+            &mut |e| {
+                if let GenEvent::PromptProgress { done, .. } = e {
+                    progress.push(done)
+                }
+            },
+        )
         .unwrap();
-    assert_eq!(progress, vec![0, PREFILL_CHUNK, 2 * PREFILL_CHUNK, prompt.len()]);
+    assert_eq!(
+        progress,
+        vec![0, PREFILL_CHUNK, 2 * PREFILL_CHUNK, prompt.len()]
+    );
     // 3 prefill feeds + 1 decode feed (the second generated token is not fed).
     assert_eq!(backend.feeds.load(Ordering::SeqCst), 4);
     assert_eq!(out.tokens.len(), 2);
@@ -151,14 +164,19 @@ fn cancellation_stops_within_one_token() {
     let cancel = AtomicBool::new(false);
     let mut seen = 0;
     let out = g
-        .generate(&request(vec![1, 2], 1000, 1), &mut LetterDecoder, &cancel, &mut |e| {
-            if let GenEvent::Token { .. } = e {
-                seen += 1;
-                if seen == 3 {
-                    cancel.store(true, Ordering::SeqCst);
+        .generate(
+            &request(vec![1, 2], 1000, 1),
+            &mut LetterDecoder,
+            &cancel,
+            &mut |e| {
+                if let GenEvent::Token { .. } = e {
+                    seen += 1;
+                    if seen == 3 {
+                        cancel.store(true, Ordering::SeqCst);
+                    }
                 }
-            }
-        })
+            },
+        )
         .unwrap();
     assert_eq!(out.finish, FinishReason::Cancelled);
     assert_eq!(out.tokens.len(), 3);
@@ -173,13 +191,19 @@ fn engine_errors_fail_the_request_and_the_next_one_works() {
     let mut g = Generator::new(backend);
     let err = run(&mut g, &request(vec![1, 2, 3], 50, 1)).unwrap_err();
     assert!(
-        matches!(err, GenerateError::Engine(strata::engine::EngineError::NonFinite { .. })),
+        matches!(
+            err,
+            GenerateError::Engine(strata::engine::EngineError::NonFinite { .. })
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("non-finite"), "{err}");
     let ok = run(&mut g, &request(vec![1, 2, 3], 5, 1)).unwrap();
     assert_eq!(ok.tokens.len(), 5);
-    assert_eq!(ok.usage.cached_tokens, 0, "the failed sequence was not cached");
+    assert_eq!(
+        ok.usage.cached_tokens, 0,
+        "the failed sequence was not cached"
+    );
 }
 
 #[test]
@@ -187,10 +211,23 @@ fn context_overflow_is_refused_before_any_compute() {
     let backend = Arc::new(FakeBackend::new(512, 64, FakeOptions::default()));
     let mut g = Generator::new(backend.clone());
     let err = run(&mut g, &request(vec![1; 60], 10, 1)).unwrap_err();
-    assert!(matches!(err, GenerateError::ContextOverflow { prompt: 60, max_tokens: 10, ctx: 64 }));
+    assert!(matches!(
+        err,
+        GenerateError::ContextOverflow {
+            prompt: 60,
+            max_tokens: 10,
+            ctx: 64
+        }
+    ));
     let err = run(&mut g, &request(vec![1; 100], 1, 1)).unwrap_err();
     assert!(matches!(err, GenerateError::ContextOverflow { .. }));
-    assert!(matches!(run(&mut g, &request(vec![], 1, 1)), Err(GenerateError::EmptyPrompt)));
-    assert!(matches!(run(&mut g, &request(vec![1], 0, 1)), Err(GenerateError::ZeroMaxTokens)));
+    assert!(matches!(
+        run(&mut g, &request(vec![], 1, 1)),
+        Err(GenerateError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        run(&mut g, &request(vec![1], 0, 1)),
+        Err(GenerateError::ZeroMaxTokens)
+    ));
     assert_eq!(backend.feeds.load(Ordering::SeqCst), 0);
 }

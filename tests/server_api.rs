@@ -159,7 +159,8 @@ fn user(text: &str) -> Value {
 #[tokio::test]
 async fn chat_non_streaming_and_streaming_agree_for_a_seed() {
     let server = TestServer::start(hash_backend(), ServerConfig::default()).await;
-    let body = json!({"messages": user("hello there"), "max_tokens": 12, "seed": 42, "temperature": 0.9});
+    let body =
+        json!({"messages": user("hello there"), "max_tokens": 12, "seed": 42, "temperature": 0.9});
     let resp = server
         .client
         .post(format!("{}/v1/chat/completions", server.base))
@@ -211,12 +212,21 @@ async fn chat_non_streaming_and_streaming_agree_for_a_seed() {
     }
     let message = &a["choices"][0]["message"];
     assert_eq!(content, message["content"].as_str().unwrap_or(""));
-    assert_eq!(reasoning, message["reasoning_content"].as_str().unwrap_or(""));
+    assert_eq!(
+        reasoning,
+        message["reasoning_content"].as_str().unwrap_or("")
+    );
     let finish_chunk = &chunks[chunks.len() - 2];
-    assert_eq!(finish_chunk["choices"][0]["finish_reason"], choice["finish_reason"]);
+    assert_eq!(
+        finish_chunk["choices"][0]["finish_reason"],
+        choice["finish_reason"]
+    );
     let usage_chunk = chunks.last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));
-    assert_eq!(usage_chunk["usage"]["completion_tokens"], usage["completion_tokens"]);
+    assert_eq!(
+        usage_chunk["usage"]["completion_tokens"],
+        usage["completion_tokens"]
+    );
 
     // A different seed gives different text (12 tokens from 512 near-uniform choices).
     let mut other = body.clone();
@@ -254,7 +264,8 @@ fn weather_tools() -> Value {
 #[tokio::test]
 async fn openai_tool_calls_are_parsed_and_streamed_as_deltas() {
     let server = TestServer::start(scripted(TOOL_OUTPUT), ServerConfig::default()).await;
-    let body = json!({"messages": user("weather in Paris?"), "tools": weather_tools(), "max_tokens": 200});
+    let body =
+        json!({"messages": user("weather in Paris?"), "tools": weather_tools(), "max_tokens": 200});
     let (status, resp) = server.post("/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{resp}");
     let choice = &resp["choices"][0];
@@ -266,7 +277,8 @@ async fn openai_tool_calls_are_parsed_and_streamed_as_deltas() {
     assert_eq!(call["type"], "function");
     assert!(call["id"].as_str().unwrap().starts_with("call_"));
     assert_eq!(call["function"]["name"], "get_weather");
-    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(args, json!({"city": "Paris", "days": 3}));
 
     let mut stream_body = body.clone();
@@ -292,14 +304,20 @@ async fn openai_tool_calls_are_parsed_and_streamed_as_deltas() {
                 if c.get("id").is_some() {
                     assert_eq!(c["type"], "function");
                     starts.push(c["function"]["name"].as_str().unwrap().to_string());
-                    assert!(arguments.is_empty(), "arguments came before the call's first delta");
+                    assert!(
+                        arguments.is_empty(),
+                        "arguments came before the call's first delta"
+                    );
                 }
                 arguments.push_str(c["function"]["arguments"].as_str().unwrap_or(""));
             }
         }
     }
     assert_eq!(starts, ["get_weather"]);
-    assert!(!content.contains("tool_call") && !content.contains("<function"), "{content:?}");
+    assert!(
+        !content.contains("tool_call") && !content.contains("<function"),
+        "{content:?}"
+    );
     assert_eq!(content.trim(), "Let me check.");
     assert_eq!(serde_json::from_str::<Value>(&arguments).unwrap(), args);
     assert_eq!(finish.as_deref(), Some("tool_calls"));
@@ -328,7 +346,12 @@ async fn tool_history_round_trips_and_tool_choice_is_checked() {
     bad_args["messages"][2]["tool_calls"][0]["function"]["arguments"] = json!("{not json");
     let (status, resp) = server.post("/v1/chat/completions", &bad_args).await;
     assert_eq!(status, 400);
-    assert!(resp["error"]["message"].as_str().unwrap().contains("arguments"));
+    assert!(
+        resp["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("arguments")
+    );
 }
 
 #[tokio::test]
@@ -353,9 +376,13 @@ async fn anthropic_messages_blocks_and_stream_event_order() {
     assert_eq!(kinds, ["thinking", "text", "tool_use"]);
     assert_eq!(resp["content"][0]["thinking"], "Need the weather.");
     assert_eq!(resp["content"][2]["name"], "get_weather");
-    assert_eq!(resp["content"][2]["input"], json!({"city": "Paris", "days": 3}));
+    assert_eq!(
+        resp["content"][2]["input"],
+        json!({"city": "Paris", "days": 3})
+    );
     let usage = &resp["usage"];
-    let input = usage["input_tokens"].as_u64().unwrap() + usage["cache_read_input_tokens"].as_u64().unwrap();
+    let input = usage["input_tokens"].as_u64().unwrap()
+        + usage["cache_read_input_tokens"].as_u64().unwrap();
 
     // count_tokens agrees with what generation fed.
     let (status, counted) = server.post("/v1/messages/count_tokens", &body).await;
@@ -377,16 +404,31 @@ async fn anthropic_messages_blocks_and_stream_event_order() {
     assert_eq!(
         shape,
         [
-            "message_start", "ping",
-            "content_block_start", "content_block_delta", "content_block_stop",
-            "content_block_start", "content_block_delta", "content_block_stop",
-            "content_block_start", "content_block_delta", "content_block_stop",
-            "message_delta", "message_stop",
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
         ]
     );
-    let datas: Vec<Value> = events.iter().map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    let datas: Vec<Value> = events
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
     for (name, data) in names.iter().zip(&datas) {
-        assert_eq!(data["type"], name.as_str(), "event name and data type agree");
+        assert_eq!(
+            data["type"],
+            name.as_str(),
+            "event name and data type agree"
+        );
     }
     let starts: Vec<&Value> = datas
         .iter()
@@ -402,7 +444,10 @@ async fn anthropic_messages_blocks_and_stream_event_order() {
         .filter(|d| d["delta"]["type"] == "input_json_delta")
         .map(|d| d["delta"]["partial_json"].as_str().unwrap())
         .collect();
-    assert_eq!(serde_json::from_str::<Value>(&partial).unwrap(), json!({"city": "Paris", "days": 3}));
+    assert_eq!(
+        serde_json::from_str::<Value>(&partial).unwrap(),
+        json!({"city": "Paris", "days": 3})
+    );
     let delta = datas.iter().find(|d| d["type"] == "message_delta").unwrap();
     assert_eq!(delta["delta"]["stop_reason"], "tool_use");
 }
@@ -411,14 +456,31 @@ async fn anthropic_messages_blocks_and_stream_event_order() {
 async fn health_reports_loading_then_ready() {
     let state = AppState::new(ServerConfig::default());
     let server = TestServer::start_with_state(state.clone()).await;
-    let resp = server.client.get(format!("{}/health", server.base)).send().await.unwrap();
+    let resp = server
+        .client
+        .get(format!("{}/health", server.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 503);
     assert_eq!(resp.json::<Value>().await.unwrap()["status"], "loading");
-    let (status, body) = server.post("/v1/chat/completions", &json!({"messages": user("hi")})).await;
+    let (status, body) = server
+        .post("/v1/chat/completions", &json!({"messages": user("hi")}))
+        .await;
     assert_eq!(status, 503);
-    assert!(body["error"]["message"].as_str().unwrap().contains("loading"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("loading")
+    );
     state.set_model(LoadedModel::from_gguf(&tiny(), hash_backend()).unwrap());
-    let resp = server.client.get(format!("{}/health", server.base)).send().await.unwrap();
+    let resp = server
+        .client
+        .get(format!("{}/health", server.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(resp.json::<Value>().await.unwrap()["status"], "ok");
     let models: Value = server
@@ -442,7 +504,13 @@ async fn api_key_is_required_everywhere_but_health() {
     let server = TestServer::start(hash_backend(), config).await;
     let url = |p: &str| format!("{}{p}", server.base);
     let body = json!({"messages": user("hi"), "max_tokens": 2});
-    let resp = server.client.post(url("/v1/chat/completions")).json(&body).send().await.unwrap();
+    let resp = server
+        .client
+        .post(url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 401);
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["type"], "authentication_error");
@@ -462,7 +530,14 @@ async fn api_key_is_required_everywhere_but_health() {
     assert_eq!(resp.status().as_u16(), 401);
     let resp = server.client.get(url("/health")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
-    let resp = server.client.post(url("/v1/chat/completions")).bearer_auth("sekret").json(&body).send().await.unwrap();
+    let resp = server
+        .client
+        .post(url("/v1/chat/completions"))
+        .bearer_auth("sekret")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let resp = server
         .client
@@ -482,29 +557,101 @@ async fn malformed_requests_get_clear_4xx_errors_and_the_server_keeps_serving() 
     let chat = "/v1/chat/completions";
     let long_prompt = "word ".repeat(400);
     let cases: Vec<(&str, Value, u16, &str)> = vec![
-        (chat, json!({"messages": user("hi"), "temperature": "hot"}), 400, "temperature"),
+        (
+            chat,
+            json!({"messages": user("hi"), "temperature": "hot"}),
+            400,
+            "temperature",
+        ),
         (chat, json!({"model": "x"}), 400, "messages"),
         (chat, json!({"messages": []}), 400, "messages"),
-        (chat, json!({"messages": [{"role": "wizard", "content": "hi"}]}), 400, "wizard"),
+        (
+            chat,
+            json!({"messages": [{"role": "wizard", "content": "hi"}]}),
+            400,
+            "wizard",
+        ),
         (chat, json!({"messages": [{"content": "hi"}]}), 400, "role"),
-        (chat, json!({"messages": user("hi"), "max_tokens": 0}), 400, "max_tokens"),
-        (chat, json!({"messages": user("hi"), "max_completion_tokens": -5}), 400, "max_completion_tokens"),
+        (
+            chat,
+            json!({"messages": user("hi"), "max_tokens": 0}),
+            400,
+            "max_tokens",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "max_completion_tokens": -5}),
+            400,
+            "max_completion_tokens",
+        ),
         (chat, json!({"messages": user("hi"), "n": 2}), 400, "n = 2"),
-        (chat, json!({"messages": user("hi"), "top_p": 1.5}), 400, "top_p"),
-        (chat, json!({"messages": user("hi"), "stop": 5}), 400, "stop"),
-        (chat, json!({"messages": user("hi"), "tool_choice": "sometimes", "tools": weather_tools()}), 400, "tool_choice"),
-        (chat, json!({"messages": [{"role": "user", "content": 5}]}), 400, "content"),
-        (chat, json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}), 400, "image"),
-        (chat, json!({"messages": user("hi"), "reasoning_effort": "extreme"}), 400, "reasoning_effort"),
-        (chat, json!({"messages": user(&long_prompt)}), 400, "context"),
-        (chat, json!({"messages": user("hi"), "max_tokens": 100000}), 400, "context"),
-        ("/v1/completions", json!({"prompt": [1, 2, 99999]}), 400, "vocabulary"),
-        ("/v1/completions", json!({"prompt": {"a": 1}}), 400, "prompt"),
+        (
+            chat,
+            json!({"messages": user("hi"), "top_p": 1.5}),
+            400,
+            "top_p",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "stop": 5}),
+            400,
+            "stop",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "tool_choice": "sometimes", "tools": weather_tools()}),
+            400,
+            "tool_choice",
+        ),
+        (
+            chat,
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            400,
+            "content",
+        ),
+        (
+            chat,
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+            400,
+            "image",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "reasoning_effort": "extreme"}),
+            400,
+            "reasoning_effort",
+        ),
+        (
+            chat,
+            json!({"messages": user(&long_prompt)}),
+            400,
+            "context",
+        ),
+        (
+            chat,
+            json!({"messages": user("hi"), "max_tokens": 100000}),
+            400,
+            "context",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2, 99999]}),
+            400,
+            "vocabulary",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": {"a": 1}}),
+            400,
+            "prompt",
+        ),
     ];
     for (path, body, status, needle) in cases {
         let (got, err) = server.post(path, &body).await;
         assert_eq!(got, status, "{body} → {err}");
-        let message = err["error"]["message"].as_str().unwrap_or_else(|| panic!("no error object: {err}"));
+        let message = err["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error object: {err}"));
         assert!(
             message.to_lowercase().contains(&needle.to_lowercase()),
             "{body}: message {message:?} should mention {needle:?}"
@@ -512,18 +659,31 @@ async fn malformed_requests_get_clear_4xx_errors_and_the_server_keeps_serving() 
         assert!(err["error"]["type"].is_string());
     }
     // Prompt over context names the token counts.
-    let (_, err) = server.post(chat, &json!({"messages": user(&long_prompt)})).await;
-    assert!(err["error"]["message"].as_str().unwrap().contains("256"), "{err}");
+    let (_, err) = server
+        .post(chat, &json!({"messages": user(&long_prompt)}))
+        .await;
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("256"),
+        "{err}"
+    );
 
     // Not JSON at all, and an empty body.
     let (status, err) = server.post_raw(chat, "{\"messages\": [").await;
     assert_eq!(status, 400);
-    assert!(err["error"]["message"].as_str().unwrap().contains("not valid JSON"));
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
     let (status, err) = server.post_raw(chat, "").await;
     assert_eq!(status, 400);
     assert!(err["error"]["message"].is_string());
     // Oversized body: 413 with an error object.
-    let huge = format!("{{\"messages\": [{{\"role\":\"user\",\"content\":\"{}\"}}]}}", "x".repeat(9 << 20));
+    let huge = format!(
+        "{{\"messages\": [{{\"role\":\"user\",\"content\":\"{}\"}}]}}",
+        "x".repeat(9 << 20)
+    );
     let (status, err) = server.post_raw(chat, huge).await;
     assert_eq!(status, 413);
     assert!(err["error"]["message"].as_str().unwrap().contains("MiB"));
@@ -552,10 +712,15 @@ async fn malformed_requests_get_clear_4xx_errors_and_the_server_keeps_serving() 
     assert!(err["error"]["message"].is_string());
 
     // Still serving.
-    let (status, ok) = server.post(chat, &json!({"messages": user("hi"), "max_tokens": 3})).await;
+    let (status, ok) = server
+        .post(chat, &json!({"messages": user("hi"), "max_tokens": 3}))
+        .await;
     assert_eq!(status, 200, "{ok}");
     let metrics = server.metrics().await;
-    assert!(metrics.contains("strata_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"), "{metrics}");
+    assert!(
+        metrics.contains("strata_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -570,21 +735,42 @@ async fn engine_errors_are_500_and_the_next_request_works() {
         },
     ));
     let server = TestServer::start(backend, ServerConfig::default()).await;
-    let (status, err) = server.post("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 10})).await;
+    let (status, err) = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [1, 2, 3], "max_tokens": 10}),
+        )
+        .await;
     assert_eq!(status, 500);
     let message = err["error"]["message"].as_str().unwrap();
-    assert!(message.contains("non-finite") && message.contains("fake backend output"), "{message}");
-    let (status, ok) = server.post("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 2})).await;
+    assert!(
+        message.contains("non-finite") && message.contains("fake backend output"),
+        "{message}"
+    );
+    let (status, ok) = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [1, 2, 3], "max_tokens": 2}),
+        )
+        .await;
     assert_eq!(status, 200, "{ok}");
     assert_eq!(ok["usage"]["completion_tokens"], 2);
     assert_eq!(ok["object"], "text_completion");
     // Streaming failure: an error object in the stream, then [DONE].
     let events = server
-        .stream("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 10, "stream": true}))
+        .stream(
+            "/v1/completions",
+            &json!({"prompt": [1, 2, 3], "max_tokens": 10, "stream": true}),
+        )
         .await;
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let err: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
-    assert!(err["error"]["message"].as_str().unwrap().contains("non-finite"));
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("non-finite")
+    );
 }
 
 fn slow_backend() -> Arc<FakeBackend> {
@@ -637,7 +823,13 @@ async fn full_queue_answers_503_and_requests_run_in_order() {
     assert_eq!((s1, s2), (200, 200));
     assert_eq!(a["usage"]["completion_tokens"], 15);
     assert_eq!(b["usage"]["completion_tokens"], 15);
-    assert!(server.state.metrics().render().contains("strata_queue_depth 0"));
+    assert!(
+        server
+            .state
+            .metrics()
+            .render()
+            .contains("strata_queue_depth 0")
+    );
 }
 
 #[tokio::test]
@@ -661,22 +853,40 @@ async fn client_disconnect_stops_generation() {
     wait_for(&server, "strata_generations_cancelled_total", 1.0).await;
     wait_for(&server, "strata_requests_running", 0.0).await;
     let generated = server.metric("strata_generated_tokens_total").await;
-    assert!(generated < 100.0, "generation went on after the disconnect: {generated} tokens");
+    assert!(
+        generated < 100.0,
+        "generation went on after the disconnect: {generated} tokens"
+    );
 
     // Non-streaming: the client gives up waiting.
     let plain = json!({"prompt": [1, 2, 3], "max_tokens": 2000});
-    let request = server.client.post(format!("{}/v1/completions", server.base)).json(&plain).send();
-    assert!(tokio::time::timeout(Duration::from_millis(200), request).await.is_err());
+    let request = server
+        .client
+        .post(format!("{}/v1/completions", server.base))
+        .json(&plain)
+        .send();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), request)
+            .await
+            .is_err()
+    );
     wait_for(&server, "strata_generations_cancelled_total", 2.0).await;
     wait_for(&server, "strata_requests_running", 0.0).await;
-    let (status, _) = server.post("/v1/completions", &json!({"prompt": [1], "max_tokens": 2})).await;
+    let (status, _) = server
+        .post("/v1/completions", &json!({"prompt": [1], "max_tokens": 2}))
+        .await;
     assert_eq!(status, 200);
 }
 
 #[tokio::test]
 async fn metrics_count_tokens_and_latency() {
     let server = TestServer::start(hash_backend(), ServerConfig::default()).await;
-    let (status, _) = server.post("/v1/completions", &json!({"prompt": "hello", "max_tokens": 5})).await;
+    let (status, _) = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "hello", "max_tokens": 5}),
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(server.metric("strata_generated_tokens_total").await, 5.0);
     assert!(server.metric("strata_prompt_tokens_total").await >= 1.0);

@@ -44,13 +44,20 @@ async fn post(base: &str, path: &str, body: &Value) -> Value {
 #[tokio::test]
 async fn tiny_model_chat_is_reproducible_by_seed_and_streams_the_same_text() {
     let base = start().await;
-    let body = json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "seed": 5});
+    let body =
+        json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "seed": 5});
     let a = post(&base, "/v1/chat/completions", &body).await;
     let b = post(&base, "/v1/chat/completions", &body).await;
     assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
-    assert_eq!(a["usage"]["completion_tokens"], b["usage"]["completion_tokens"]);
+    assert_eq!(
+        a["usage"]["completion_tokens"],
+        b["usage"]["completion_tokens"]
+    );
     // The second identical prompt came from the prompt cache, and changed nothing.
-    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], b["usage"]["prompt_tokens"]);
+    assert_eq!(
+        b["usage"]["prompt_tokens_details"]["cached_tokens"],
+        b["usage"]["prompt_tokens"]
+    );
 
     let mut stream = body.clone();
     stream["stream"] = json!(true);
@@ -78,7 +85,10 @@ async fn tiny_model_chat_is_reproducible_by_seed_and_streams_the_same_text() {
     }
     assert!(done);
     let message = &a["choices"][0]["message"];
-    assert_eq!(reasoning, message["reasoning_content"].as_str().unwrap_or(""));
+    assert_eq!(
+        reasoning,
+        message["reasoning_content"].as_str().unwrap_or("")
+    );
     assert_eq!(content, message["content"].as_str().unwrap_or(""));
 
     // Anthropic route on the same model.
@@ -92,7 +102,11 @@ async fn tiny_model_chat_is_reproducible_by_seed_and_streams_the_same_text() {
     assert!(["end_turn", "max_tokens"].contains(&m["stop_reason"].as_str().unwrap()));
 }
 
-fn generate(generator: &mut Generator, tokenizer: &Tokenizer, request: &GenerateRequest) -> Vec<u32> {
+fn generate(
+    generator: &mut Generator,
+    tokenizer: &Tokenizer,
+    request: &GenerateRequest,
+) -> Vec<u32> {
     let cancel = AtomicBool::new(false);
     let mut decoder = StreamDecoder::new(tokenizer);
     generator
@@ -125,9 +139,17 @@ fn tiny_model_prompt_cache_extension_is_bit_identical_to_a_fresh_run() {
     let cancel = AtomicBool::new(false);
     let mut decoder = StreamDecoder::new(&tokenizer);
     let reused = cached
-        .generate(&request(second_prompt.clone()), &mut decoder, &cancel, &mut |_| {})
+        .generate(
+            &request(second_prompt.clone()),
+            &mut decoder,
+            &cancel,
+            &mut |_| {},
+        )
         .unwrap();
-    assert_eq!(reused.usage.cached_tokens, first_prompt.len() + first.len() - 1);
+    assert_eq!(
+        reused.usage.cached_tokens,
+        first_prompt.len() + first.len() - 1
+    );
     let reference = generate(&mut fresh, &tokenizer, &request(second_prompt));
     assert_eq!(reused.tokens, reference);
 }

@@ -264,7 +264,9 @@ pub struct LoadedForTerminal {
 
 pub fn load_for_terminal(model: &ModelArgs) -> anyhow::Result<LoadedForTerminal> {
     if model.model.is_none() {
-        eprintln!("no --model given: using the built-in demo model (random weights, the text is not meaningful)");
+        eprintln!(
+            "no --model given: using the built-in demo model (random weights, the text is not meaningful)"
+        );
     }
     let gguf = open_gguf(model.model.as_deref())?;
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;

@@ -37,9 +37,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 async fn serve(args: Args) -> anyhow::Result<()> {
     let address = format!("{}:{}", args.host, args.port);
-    let listener = tokio::net::TcpListener::bind(&address).await.with_context(|| {
-        format!("cannot listen on {address} (is another server using that port? try --port)")
-    })?;
+    let listener = tokio::net::TcpListener::bind(&address)
+        .await
+        .with_context(|| {
+            format!("cannot listen on {address} (is another server using that port? try --port)")
+        })?;
     let local = listener.local_addr().context("reading the bound address")?;
     let state = AppState::new(ServerConfig {
         api_key: args.api_key.clone(),
@@ -51,7 +53,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             "strata: no --model given: serving the built-in demo model (random weights; its output is not meaningful)"
         ),
     }
-    eprintln!("strata: listening on http://{local} (GET /health answers 503 until the model is loaded)");
+    eprintln!(
+        "strata: listening on http://{local} (GET /health answers 503 until the model is loaded)"
+    );
     if args.api_key.is_some() {
         eprintln!("strata: API key required on every route but /health");
     }

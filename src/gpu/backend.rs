@@ -465,6 +465,9 @@ pub struct GpuSequence {
     layers: Vec<LayerState>,
     scratch: Scratch,
     poisoned: bool,
+    /// Collect per-dispatch GPU timestamps on the next feed (see [`GpuSequence::take_timings`]).
+    profile: bool,
+    timings: Vec<(String, f64)>,
 }
 
 impl GpuSequence {
@@ -567,6 +570,8 @@ impl GpuSequence {
             layers,
             scratch,
             poisoned: false,
+            profile: false,
+            timings: Vec::new(),
         })
     }
 
@@ -1271,10 +1276,17 @@ impl GpuSequence {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("token"),
             });
-        rec.encode(&mut encoder, None);
+        let timestamps = if self.profile { rec.timestamps(c) } else { None };
+        rec.encode(&mut encoder, timestamps.as_ref().map(|t| &t.set));
+        if let Some(t) = &timestamps {
+            t.resolve(&mut encoder);
+        }
         encoder.copy_buffer_to_buffer(&self.scratch.logits.buffer, 0, &staging, 0, size);
         c.queue.submit([encoder.finish()]);
         let bytes = read_staging(c, &staging).map_err(gpu_err)?;
+        if let Some(t) = &timestamps {
+            self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);
+        }
         let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         if let Some(bad) = first_non_finite(&logits) {
             let row = bad / v.max(1);
@@ -1285,6 +1297,18 @@ impl GpuSequence {
             });
         }
         Ok(logits)
+    }
+}
+
+impl GpuSequence {
+    /// Turn per-dispatch GPU timestamps on or off for later feeds.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on;
+    }
+
+    /// The (dispatch label, nanoseconds) pairs collected since the last call.
+    pub fn take_timings(&mut self) -> Vec<(String, f64)> {
+        std::mem::take(&mut self.timings)
     }
 }
 

@@ -74,6 +74,36 @@ impl Recorder {
         ctx.wait()
     }
 
+    /// Create the timestamp machinery for this recorder: `None` when the adapter has no
+    /// timestamps inside passes or the pass has more dispatches than one query set holds.
+    pub fn timestamps(&self, ctx: &GpuContext) -> Option<Timestamps> {
+        let count = self.dispatches.len() + 1;
+        if !ctx.has_timestamps() || count > wgpu::QUERY_SET_MAX_QUERIES as usize {
+            return None;
+        }
+        let size = (count * 8) as u64;
+        Some(Timestamps {
+            set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("dispatch timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: count as u32,
+            }),
+            resolve: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamp resolve"),
+                size,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamp readback"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            count: count as u32,
+        })
+    }
+
     /// Append a dispatch of `shader`/`entry` binding `buffers` at bindings `0..`; `None` skips a
     /// binding number the entry point does not use.
     #[allow(clippy::too_many_arguments)]
@@ -117,6 +147,35 @@ impl Recorder {
             workgroups,
         });
         Ok(())
+    }
+}
+
+/// Per-dispatch GPU timestamps of one encoded recorder.
+pub struct Timestamps {
+    pub set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    count: u32,
+}
+
+impl Timestamps {
+    /// After `Recorder::encode(.., Some(&self.set))`: resolve into the readback buffer.
+    pub fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.resolve_query_set(&self.set, 0..self.count, &self.resolve, 0);
+        encoder.copy_buffer_to_buffer(&self.resolve, 0, &self.staging, 0, self.count as u64 * 8);
+    }
+
+    /// After submission: nanoseconds of each dispatch, labelled (waits for the GPU).
+    pub fn read(&self, ctx: &GpuContext, rec: &Recorder) -> Result<Vec<(String, f64)>, GpuError> {
+        let bytes = super::buffers::read_staging(ctx, &self.staging)?;
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
+        let period = ctx.queue.get_timestamp_period() as f64;
+        Ok(rec
+            .dispatches
+            .iter()
+            .zip(ticks.windows(2))
+            .map(|(d, w)| (d.label.clone(), w[1].saturating_sub(w[0]) as f64 * period))
+            .collect())
     }
 }
 

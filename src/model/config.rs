@@ -407,6 +407,24 @@ impl Config {
                     "is smaller than the rotary dims",
                 ));
             }
+            let smallest_ratio = layers
+                .iter()
+                .filter_map(|l| match l {
+                    LayerKind::Qsa { compress_ratio } => *compress_ratio,
+                    LayerKind::Gdn => None,
+                })
+                .min()
+                .unwrap_or(1);
+            if attention.indexer_budget_tokens < smallest_ratio {
+                // A budget below one block would leave only the tail visible.
+                return Err(bad(
+                    &key("attention.indexer.top_k"),
+                    format!(
+                        "budget of {} tokens is missing or smaller than one block of {smallest_ratio}",
+                        attention.indexer_budget_tokens
+                    ),
+                ));
+            }
         }
 
         let n_k_heads = nonzero(req_usize(g, "ssm.group_count")?, "ssm.group_count")?;

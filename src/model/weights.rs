@@ -486,7 +486,13 @@ impl Weights {
         let h = cfg.n_embd;
         let wide = cfg.hc_count * h;
         let token_embd = b.table("token_embd.weight", h, cfg.vocab_size)?;
-        let output = b.matrix("output.weight", h, cfg.vocab_size)?;
+        // Tied embeddings (no output.weight): the embedding table doubles as lm_head.
+        let output_name = if b.has("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        let output = b.matrix(output_name, h, cfg.vocab_size)?;
         let head_hc = bind_hc(&b, cfg, "output_hc", false)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for (il, kind) in cfg.layers.iter().enumerate() {

@@ -61,7 +61,11 @@ pub enum SamplerError {
     #[error("invalid sampling parameter: {0}")]
     InvalidParam(String),
     #[error("non-finite logit {value} for token {token} at position {position} (sampler input)")]
-    NonFiniteLogit { token: u32, value: f32, position: usize },
+    NonFiniteLogit {
+        token: u32,
+        value: f32,
+        position: usize,
+    },
     #[error("empty logits row")]
     EmptyLogits,
 }
@@ -90,8 +94,12 @@ impl SamplingParams {
                 }
             }
         };
-        apply(gguf_keys::TEMPERATURE, &mut |v| params.temperature = v as f32);
-        apply(gguf_keys::TOP_K, &mut |v| params.top_k = v.max(0.0) as usize);
+        apply(gguf_keys::TEMPERATURE, &mut |v| {
+            params.temperature = v as f32
+        });
+        apply(gguf_keys::TOP_K, &mut |v| {
+            params.top_k = v.max(0.0) as usize
+        });
         apply(gguf_keys::TOP_P, &mut |v| params.top_p = v as f32);
         apply(gguf_keys::MIN_P, &mut |v| params.min_p = v as f32);
         apply(gguf_keys::REPETITION_PENALTY, &mut |v| {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use super::openai::{SseAssembler, collect, parse_stop, sse_response};
 use super::prompt::{self, ChatPrompt, PreparedPrompt, ToolChoice};
 use super::{
-    AppState, ApiError, Flavor, Job, LoadedModel, check_context, parse_body, random_id,
+    ApiError, AppState, Flavor, Job, LoadedModel, check_context, parse_body, random_id,
     seed_headers, start_job,
 };
 use crate::chat::toolcall::{ParsedOutput, StreamEvent, StreamParser, ToolSpec};
@@ -94,21 +94,33 @@ fn tool_result_text(content: Option<&Value>, param: &str) -> Result<String, ApiE
                         text.push(b.get("text").and_then(Value::as_str).unwrap_or_default())
                     }
                     Some("image") => {
-                        return Err(invalid(param, "image input is not supported by this server"));
+                        return Err(invalid(
+                            param,
+                            "image input is not supported by this server",
+                        ));
                     }
                     _ => return Err(invalid(param, format!("{param} has an unsupported block"))),
                 }
             }
             Ok(text.join("\n"))
         }
-        Some(_) => Err(invalid(param, format!("{param} must be a string or blocks"))),
+        Some(_) => Err(invalid(
+            param,
+            format!("{param} must be a string or blocks"),
+        )),
     }
 }
 
 /// Anthropic messages (+ system) → template messages.
-pub fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Message>, ApiError> {
+pub fn convert_messages(
+    system: Option<&Value>,
+    messages: &[Value],
+) -> Result<Vec<Message>, ApiError> {
     if messages.is_empty() {
-        return Err(invalid("messages", "messages must contain at least one message"));
+        return Err(invalid(
+            "messages",
+            "messages must contain at least one message",
+        ));
     }
     let mut out = Vec::new();
     if let Some(text) = system_text(system)? {
@@ -121,12 +133,17 @@ pub fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Ve
     for (i, m) in messages.iter().enumerate() {
         let param = format!("messages[{i}]");
         let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
-            invalid(&format!("{param}.role"), format!("{param} has no \"role\" string"))
+            invalid(
+                &format!("{param}.role"),
+                format!("{param} has no \"role\" string"),
+            )
         })?;
         if role != "user" && role != "assistant" {
             return Err(invalid(
                 &format!("{param}.role"),
-                format!("{param} has role {role:?}; expected user or assistant (system goes in the top-level \"system\" field)"),
+                format!(
+                    "{param} has role {role:?}; expected user or assistant (system goes in the top-level \"system\" field)"
+                ),
             ));
         }
         let blocks: Vec<Value> = match m.get("content") {
@@ -149,7 +166,10 @@ pub fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Ve
             match (role, kind) {
                 (_, "text") => {
                     let t = block.get("text").and_then(Value::as_str).ok_or_else(|| {
-                        invalid(&bparam, format!("{bparam} is a text block without \"text\""))
+                        invalid(
+                            &bparam,
+                            format!("{bparam} is a text block without \"text\""),
+                        )
                     })?;
                     if !text.is_empty() {
                         text.push('\n');
@@ -162,12 +182,20 @@ pub fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Ve
                 ("assistant", "redacted_thinking") => {}
                 ("assistant", "tool_use") => {
                     let name = block.get("name").and_then(Value::as_str).ok_or_else(|| {
-                        invalid(&bparam, format!("{bparam} is a tool_use block without a name"))
+                        invalid(
+                            &bparam,
+                            format!("{bparam} is a tool_use block without a name"),
+                        )
                     })?;
-                    let input = prompt::arguments_to_object(block.get("input").unwrap_or(&Value::Null))
-                        .map_err(|e| invalid(&bparam, format!("{bparam}.input: {e}")))?;
+                    let input =
+                        prompt::arguments_to_object(block.get("input").unwrap_or(&Value::Null))
+                            .map_err(|e| invalid(&bparam, format!("{bparam}.input: {e}")))?;
                     tool_calls.push(ToolCall {
-                        id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        id: block
+                            .get("id")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_string(),
                         name: name.to_string(),
                         arguments: input,
                     });
@@ -188,7 +216,10 @@ pub fn convert_messages(system: Option<&Value>, messages: &[Value]) -> Result<Ve
                     });
                 }
                 (_, "image" | "document") => {
-                    return Err(invalid(&bparam, "image and document input is not supported by this server"));
+                    return Err(invalid(
+                        &bparam,
+                        "image and document input is not supported by this server",
+                    ));
                 }
                 _ => {
                     return Err(invalid(
@@ -248,7 +279,10 @@ fn parse_tool_choice(value: Option<&Value>) -> Result<(Option<ToolChoice>, bool)
     let Some(value) = value.filter(|v| !v.is_null()) else {
         return Ok((None, true));
     };
-    let parallel = value.get("disable_parallel_tool_use").and_then(Value::as_bool) != Some(true);
+    let parallel = value
+        .get("disable_parallel_tool_use")
+        .and_then(Value::as_bool)
+        != Some(true);
     let choice = match value.get("type").and_then(Value::as_str) {
         Some("auto") => ToolChoice::Auto,
         Some("any") => ToolChoice::Required,
@@ -302,8 +336,8 @@ fn thinking_options(
         .and_then(|c| c.get("effort"))
         .and_then(Value::as_str)
     {
-        let (enable, effort) = prompt::map_reasoning_effort(effort)
-            .map_err(|e| invalid("output_config.effort", e))?;
+        let (enable, effort) =
+            prompt::map_reasoning_effort(effort).map_err(|e| invalid("output_config.effort", e))?;
         result = (result.0.or(enable), effort);
     }
     Ok(result)
@@ -346,7 +380,10 @@ pub async fn messages(
     let max_tokens = match req.max_tokens {
         None => return Err(invalid("max_tokens", "max_tokens is required")),
         Some(v) if v <= 0 => {
-            return Err(invalid("max_tokens", format!("max_tokens must be at least 1, got {v}")));
+            return Err(invalid(
+                "max_tokens",
+                format!("max_tokens must be at least 1, got {v}"),
+            ));
         }
         Some(v) => usize::try_from(v).unwrap_or(usize::MAX),
     };
@@ -382,7 +419,11 @@ pub async fn messages(
     let (text, output) = collect(handle).await.map_err(|e| e.with_flavor(FLAVOR))?;
     let mut assembler = assembler;
     assembler.push_text(&text);
-    Ok((seed_headers(seed), axum::Json(assembler.into_response(&output))).into_response())
+    Ok((
+        seed_headers(seed),
+        axum::Json(assembler.into_response(&output)),
+    )
+        .into_response())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -488,8 +529,11 @@ impl MessageAssembler {
                         &mut out,
                         json!({"type": "thinking", "thinking": ""}),
                     );
-                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "thinking_delta", "thinking": t}})));
+                    out.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "thinking_delta", "thinking": t}}),
+                    ));
                 }
                 StreamEvent::Content(t) => {
                     let index = self.ensure_block(
@@ -497,8 +541,11 @@ impl MessageAssembler {
                         &mut out,
                         json!({"type": "text", "text": ""}),
                     );
-                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "text_delta", "text": t}})));
+                    out.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "text_delta", "text": t}}),
+                    ));
                 }
                 StreamEvent::ToolCallStart { index, name } => {
                     if !self.parallel_tool_calls && index > 0 {
@@ -518,8 +565,11 @@ impl MessageAssembler {
                     if let Some((block, BlockKind::Tool(open_call))) = self.open
                         && open_call == index
                     {
-                        out.push(("content_block_delta", json!({"type": "content_block_delta", "index": block,
-                            "delta": {"type": "input_json_delta", "partial_json": json_fragment}})));
+                        out.push((
+                            "content_block_delta",
+                            json!({"type": "content_block_delta", "index": block,
+                            "delta": {"type": "input_json_delta", "partial_json": json_fragment}}),
+                        ));
                     }
                 }
                 StreamEvent::ToolCallEnd { index } => {
@@ -598,8 +648,10 @@ impl MessageAssembler {
             content.push(json!({"type": "text", "text": parsed.content}));
         }
         for (i, call) in parsed.tool_calls.iter().enumerate() {
-            content.push(json!({"type": "tool_use", "id": self.tool_id(i), "name": call.name,
-                                "input": Value::Object(call.arguments.clone())}));
+            content.push(
+                json!({"type": "tool_use", "id": self.tool_id(i), "name": call.name,
+                                "input": Value::Object(call.arguments.clone())}),
+            );
         }
         let (reason, sequence) = Self::stop_reason(&output.finish, !parsed.tool_calls.is_empty());
         json!({

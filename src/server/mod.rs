@@ -98,7 +98,9 @@ impl LoadedModel {
         let template = match ChatTemplate::from_gguf(gguf) {
             Ok(t) => Some(t),
             Err(e) => {
-                tracing::warn!("no usable chat template ({e}); chat endpoints will refuse requests");
+                tracing::warn!(
+                    "no usable chat template ({e}); chat endpoints will refuse requests"
+                );
                 None
             }
         };
@@ -256,11 +258,7 @@ async fn not_found(request: Request) -> ApiError {
     let flavor = flavor_for_path(request.uri().path());
     ApiError::new(
         StatusCode::NOT_FOUND,
-        format!(
-            "no route for {} {}",
-            request.method(),
-            request.uri().path()
-        ),
+        format!("no route for {} {}", request.method(), request.uri().path()),
     )
     .with_flavor(flavor)
 }
@@ -348,8 +346,10 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
         ApiError::new(status, message).with_flavor(flavor)
     })?;
     if bytes.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty; expected a JSON object")
-            .with_flavor(flavor));
+        return Err(
+            ApiError::bad_request("the request body is empty; expected a JSON object")
+                .with_flavor(flavor),
+        );
     }
     let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
     let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
@@ -366,7 +366,8 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
         .with_flavor(flavor)
     })?;
     deserializer.end().map_err(|e| {
-        ApiError::bad_request(format!("the request body is not valid JSON: {e}")).with_flavor(flavor)
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+            .with_flavor(flavor)
     })?;
     Ok(value)
 }
@@ -465,7 +466,9 @@ fn run_job(
 ) {
     let metrics = state.metrics();
     if cancel.load(Ordering::Relaxed) {
-        metrics.cancelled_generations.fetch_add(1, Ordering::Relaxed);
+        metrics
+            .cancelled_generations
+            .fetch_add(1, Ordering::Relaxed);
         let _ = sender.send(JobEvent::Done(Err(
             ApiError::bad_request("cancelled").with_flavor(flavor)
         )));
@@ -507,7 +510,9 @@ fn run_job(
                 output.decode_tokens_per_second(),
             );
             if output.finish == crate::engine::generate::FinishReason::Cancelled {
-                metrics.cancelled_generations.fetch_add(1, Ordering::Relaxed);
+                metrics
+                    .cancelled_generations
+                    .fetch_add(1, Ordering::Relaxed);
             }
             Ok(output)
         }

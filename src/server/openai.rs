@@ -13,8 +13,8 @@ use serde_json::{Map, Value, json};
 
 use super::prompt::{self, ChatPrompt, PreparedPrompt, ToolChoice};
 use super::{
-    AppState, ApiError, Flavor, Job, JobEvent, JobHandle, LoadedModel, check_context,
-    parse_body, random_id, seed_headers, start_job, unix_time,
+    ApiError, AppState, Flavor, Job, JobEvent, JobHandle, LoadedModel, check_context, parse_body,
+    random_id, seed_headers, start_job, unix_time,
 };
 use crate::chat::toolcall::{ParsedOutput, StreamEvent, StreamParser, ToolSpec};
 use crate::chat::{Message, ToolCall};
@@ -54,7 +54,11 @@ macro_rules! sampling_fields {
 
 impl SamplingFields {
     /// The model's defaults with the request's fields on top, validated.
-    pub fn resolve(&self, defaults: &SamplingParams, flavor: Flavor) -> Result<SamplingParams, ApiError> {
+    pub fn resolve(
+        &self,
+        defaults: &SamplingParams,
+        flavor: Flavor,
+    ) -> Result<SamplingParams, ApiError> {
         let mut p = defaults.clone();
         if let Some(v) = self.temperature {
             p.temperature = v;
@@ -144,18 +148,28 @@ pub struct ChatCompletionRequest {
 }
 
 /// `stop`: a string or an array of strings.
-pub fn parse_stop(stop: Option<&Value>, param: &str, flavor: Flavor) -> Result<Vec<String>, ApiError> {
+pub fn parse_stop(
+    stop: Option<&Value>,
+    param: &str,
+    flavor: Flavor,
+) -> Result<Vec<String>, ApiError> {
     let bad = || {
-        ApiError::invalid_param(param, format!("{param} must be a string or an array of strings"))
-            .with_flavor(flavor)
+        ApiError::invalid_param(
+            param,
+            format!("{param} must be a string or an array of strings"),
+        )
+        .with_flavor(flavor)
     };
     match stop {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(items)) => {
             if items.len() > 16 {
-                return Err(ApiError::invalid_param(param, format!("{param} has more than 16 entries"))
-                    .with_flavor(flavor));
+                return Err(ApiError::invalid_param(
+                    param,
+                    format!("{param} has more than 16 entries"),
+                )
+                .with_flavor(flavor));
             }
             items
                 .iter()
@@ -301,15 +315,14 @@ pub fn convert_messages(messages: &[Value]) -> Result<Vec<Message>, ApiError> {
                     .ok_or_else(|| {
                         ApiError::invalid_param(&param, format!("{param} has no function name"))
                     })?;
-                let arguments = prompt::arguments_to_object(
-                    function.get("arguments").unwrap_or(&Value::Null),
-                )
-                .map_err(|e| {
-                    ApiError::invalid_param(
-                        &format!("{param}.function.arguments"),
-                        format!("{param}.function.arguments: {e}"),
-                    )
-                })?;
+                let arguments =
+                    prompt::arguments_to_object(function.get("arguments").unwrap_or(&Value::Null))
+                        .map_err(|e| {
+                            ApiError::invalid_param(
+                                &format!("{param}.function.arguments"),
+                                format!("{param}.function.arguments: {e}"),
+                            )
+                        })?;
                 tool_calls.push(ToolCall {
                     id: call
                         .get("id")
@@ -373,7 +386,10 @@ pub struct PreparedChat {
     pub parallel_tool_calls: bool,
 }
 
-pub fn prepare_chat_request(model: &LoadedModel, req: ChatCompletionRequest) -> Result<PreparedChat, ApiError> {
+pub fn prepare_chat_request(
+    model: &LoadedModel,
+    req: ChatCompletionRequest,
+) -> Result<PreparedChat, ApiError> {
     if let Some(n) = req.n
         && n != 1
     {
@@ -490,7 +506,9 @@ pub(crate) async fn collect(mut handle: JobHandle) -> Result<(String, GenOutput)
             JobEvent::Done(result) => return result.map(|o| (text, o)),
         }
     }
-    Err(ApiError::internal("the generation thread ended without a result"))
+    Err(ApiError::internal(
+        "the generation thread ended without a result",
+    ))
 }
 
 /// Turns a job's events into SSE events.
@@ -531,10 +549,13 @@ pub(crate) fn sse_response<A: SseAssembler>(handle: JobHandle, mut assembler: A)
         .chain(rest)
         .flat_map(futures::stream::iter)
         .map(Ok::<Event, Infallible>);
-    let mut response = Sse::new(stream).keep_alive(KeepAlive::default()).into_response();
-    response
-        .headers_mut()
-        .insert("x-accel-buffering", axum::http::HeaderValue::from_static("no"));
+    let mut response = Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    response.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
     response
 }
 
@@ -674,7 +695,9 @@ impl ChatAssembler {
     fn warnings(&self, parsed: &ParsedOutput) -> Vec<String> {
         let mut warnings = parsed.warnings.clone();
         if parsed.truncated_tool_call {
-            warnings.push("the output ended (max_tokens) inside a tool call; that call was dropped".into());
+            warnings.push(
+                "the output ended (max_tokens) inside a tool call; that call was dropped".into(),
+            );
         }
         if self.tool_call_required && parsed.tool_calls.is_empty() {
             warnings.push("tool_choice required a tool call but the model produced none".into());
@@ -953,7 +976,9 @@ impl SseAssembler for CompletionStreamer {
         let mut events = Vec::new();
         match result {
             Ok(output) => {
-                events.push(data(&self.chunk("", Some(finish_reason(&output.finish, false)))));
+                events.push(data(
+                    &self.chunk("", Some(finish_reason(&output.finish, false))),
+                ));
                 if self.include_usage {
                     let mut usage_chunk = self.chunk("", None);
                     usage_chunk["choices"] = json!([]);

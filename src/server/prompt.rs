@@ -115,7 +115,7 @@ pub fn prepare_chat(
     })?;
     if prompt.messages.is_empty() {
         return Err(
-            ApiError::invalid_param("messages", "messages must not be empty").with_flavor(flavor)
+            ApiError::invalid_param("messages", "messages must not be empty").with_flavor(flavor),
         );
     }
     let choice = prompt.tool_choice.clone().unwrap_or(ToolChoice::Auto);
@@ -139,8 +139,8 @@ pub fn prepare_chat(
             only
         }
     };
-    let tool_call_required = !offered.is_empty()
-        && matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
+    let tool_call_required =
+        !offered.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_));
     if matches!(choice, ToolChoice::Required) && offered.is_empty() {
         return Err(ApiError::invalid_param(
             "tool_choice",
