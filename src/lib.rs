@@ -14,4 +14,5 @@ pub mod npy;
 pub mod quant;
 pub mod sampler;
 pub mod server;
+pub mod tiers;
 pub mod tokenizer;

@@ -120,7 +120,7 @@ fn inspect_truncated_file_fails_with_one_error_line() {
     let bytes = std::fs::read(fixture("tiny-IQ3_S.gguf")).expect("fixture");
     let dir = std::env::temp_dir().join(format!("strata-inspect-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let truncated = dir.join("truncated.gguf");
+    let truncated = dir.join("cut.gguf");
     std::fs::write(&truncated, &bytes[..5000]).expect("write truncated copy");
 
     let output = inspect(&[truncated.to_str().expect("utf-8 path")]);
@@ -129,7 +129,7 @@ fn inspect_truncated_file_fails_with_one_error_line() {
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(lines[0].starts_with("error: "), "{stderr}");
-    assert!(lines[0].contains("truncated.gguf"), "{stderr}");
+    assert!(lines[0].contains("cut.gguf"), "{stderr}");
     assert!(lines[0].contains("truncated"), "{stderr}");
     assert!(output.stdout.is_empty());
 

@@ -311,3 +311,505 @@ fn all_op_shaders_build() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+// ---- op kernels against the CPU reference ops of `strata::model::ops` -------------------------
+
+use strata::gpu::ops::{self as gops, GdnShape, Groups, NormMode, NormSpec, QsaParams};
+use strata::model::ops as cpu;
+
+/// |a - b| <= tol * max(1, |b|) elementwise; returns the worst ratio.
+fn close(got: &[f32], want: &[f32], tol: f32, what: &str) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.is_finite(), "{what}: non-finite at {i}");
+        worst = worst.max((g - w).abs() / w.abs().max(1.0));
+    }
+    println!("{what}: max relative error {worst:.2e} (tolerance {tol:.0e})");
+    assert!(worst <= tol, "{what}: {worst:.2e} > {tol:.0e}");
+    worst
+}
+
+fn upload(ctx: &GpuContext, v: &[f32]) -> GpuBuf {
+    GpuBuf::from_f32(ctx, "test", v).expect("upload")
+}
+
+fn download(ctx: &GpuContext, b: &GpuBuf, n: usize) -> Vec<f32> {
+    b.read_f32(ctx, 0, n).expect("read")
+}
+
+/// The three norm entries against `model::ops` (f32 paths: 1e-5 relative).
+#[test]
+fn norms_match_cpu() {
+    let Some(ctx) = context() else { return };
+    let (h, hc, tokens) = (96, 4, 3);
+    let wide = h * hc;
+    let x = random_vec(tokens * wide, 11);
+    let w = random_vec(wide, 12)
+        .iter()
+        .map(|v| 1.0 + 0.2 * v)
+        .collect::<Vec<_>>();
+    let (xb, wb) = (upload(&ctx, &x), upload(&ctx, &w));
+    let out = GpuBuf::zeros(&ctx, "out", tokens * wide).expect("out");
+    let mut rec = Recorder::new();
+    let spec = NormSpec {
+        mode: NormMode::Rms,
+        eps: 1e-6,
+        scale: 1.0,
+        weight: Some((&wb, wide)),
+    };
+    let groups = Groups::packed(h, hc);
+    gops::rmsnorm(&ctx, &mut rec, &spec, &xb, groups, &out, groups, tokens).expect("rmsnorm");
+    rec.run(&ctx).expect("run");
+    let mut want = vec![0f32; tokens * wide];
+    for t in 0..tokens {
+        cpu::rmsnorm_grouped(
+            &x[t * wide..(t + 1) * wide],
+            &w,
+            h,
+            1e-6,
+            &mut want[t * wide..(t + 1) * wide],
+        );
+    }
+    close(
+        &download(&ctx, &out, tokens * wide),
+        &want,
+        1e-5,
+        "grouped rmsnorm",
+    );
+
+    // Per-head norm of the query half of [query | gate] rows, in place, weight shared by heads.
+    let (hd, heads) = (64, 3);
+    let qg = random_vec(tokens * heads * 2 * hd, 13);
+    let qw = random_vec(hd, 14)
+        .iter()
+        .map(|v| 1.0 + 0.2 * v)
+        .collect::<Vec<_>>();
+    let (qb, qwb) = (upload(&ctx, &qg), upload(&ctx, &qw));
+    let dummy = GpuBuf::zeros(&ctx, "dummy", 4).expect("dummy");
+    let mut rec = Recorder::new();
+    let q_heads = Groups {
+        n: hd,
+        groups: heads,
+        off: 0,
+        group_stride: 2 * hd,
+        token_stride: heads * 2 * hd,
+    };
+    let spec = NormSpec {
+        mode: NormMode::Rms,
+        eps: 1e-6,
+        scale: 1.0,
+        weight: Some((&qwb, hd)),
+    };
+    gops::rmsnorm_inplace(&ctx, &mut rec, &spec, &qb, q_heads, tokens, &dummy).expect("inplace");
+    rec.run(&ctx).expect("run");
+    let mut want = qg.clone();
+    for row in want.chunks_mut(2 * hd) {
+        let mut normed = vec![0f32; hd];
+        cpu::rmsnorm(&row[..hd], &qw, 1e-6, &mut normed);
+        row[..hd].copy_from_slice(&normed);
+    }
+    close(
+        &download(&ctx, &qb, qg.len()),
+        &want,
+        1e-5,
+        "per-head rmsnorm (gate halves untouched)",
+    );
+
+    // L2 norm with a post scale (GDN q).
+    let lb = upload(&ctx, &x);
+    let mut rec = Recorder::new();
+    let spec = NormSpec {
+        mode: NormMode::L2,
+        eps: 1e-6,
+        scale: 0.125,
+        weight: None,
+    };
+    gops::rmsnorm_inplace(
+        &ctx,
+        &mut rec,
+        &spec,
+        &lb,
+        Groups::packed(h, hc),
+        tokens,
+        &dummy,
+    )
+    .expect("l2");
+    rec.run(&ctx).expect("run");
+    let mut want = x.clone();
+    for v in want.chunks_mut(h) {
+        cpu::l2norm(v, 1e-6);
+        v.iter_mut().for_each(|e| *e *= 0.125);
+    }
+    close(&download(&ctx, &lb, x.len()), &want, 1e-5, "l2 norm");
+
+    // Gated norm (GDN output).
+    let z = random_vec(tokens * wide, 15);
+    let gw = random_vec(h, 16);
+    let (zb, gwb) = (upload(&ctx, &z), upload(&ctx, &gw));
+    let mut rec = Recorder::new();
+    let spec = NormSpec {
+        mode: NormMode::Rms,
+        eps: 1e-6,
+        scale: 1.0,
+        weight: Some((&gwb, h)),
+    };
+    gops::rmsnorm_gated(
+        &ctx, &mut rec, &spec, &xb, &zb, groups, &out, groups, tokens,
+    )
+    .expect("gated");
+    rec.run(&ctx).expect("run");
+    let mut want = vec![0f32; x.len()];
+    for ((xs, zs), os) in x.chunks(h).zip(z.chunks(h)).zip(want.chunks_mut(h)) {
+        cpu::rmsnorm_gated(xs, &gw, zs, 1e-6, os);
+    }
+    close(&download(&ctx, &out, x.len()), &want, 1e-5, "gated rmsnorm");
+}
+
+/// RoPE against `model::ops::rope_apply` with the host table (1e-6 relative: same f32 maths).
+#[test]
+fn rope_matches_cpu() {
+    let Some(ctx) = context() else { return };
+    let (heads, hd, rotary, tokens, pos0) = (3, 32, 16, 5, 1000);
+    let half = rotary / 2;
+    let inv = cpu::rope_inv_freqs(1e7, rotary);
+    let positions = pos0 + tokens;
+    let mut table = vec![0f32; positions * half * 2];
+    let (mut c, mut s) = (vec![0f32; half], vec![0f32; half]);
+    for p in 0..positions {
+        cpu::rope_cos_sin(p, &inv, &mut c, &mut s);
+        for i in 0..half {
+            table[(p * half + i) * 2] = c[i];
+            table[(p * half + i) * 2 + 1] = s[i];
+        }
+    }
+    let x = random_vec(tokens * heads * hd, 21);
+    let (xb, tb) = (upload(&ctx, &x), upload(&ctx, &table));
+    let mut rec = Recorder::new();
+    gops::rope(
+        &ctx,
+        &mut rec,
+        &xb,
+        &tb,
+        tokens,
+        heads,
+        hd,
+        heads * hd,
+        0,
+        half,
+        pos0,
+        1,
+    )
+    .expect("rope");
+    rec.run(&ctx).expect("run");
+    let mut want = x.clone();
+    for t in 0..tokens {
+        cpu::rope_cos_sin(pos0 + t, &inv, &mut c, &mut s);
+        for head in want[t * heads * hd..(t + 1) * heads * hd].chunks_mut(hd) {
+            cpu::rope_apply(head, &c, &s);
+        }
+    }
+    close(&download(&ctx, &xb, x.len()), &want, 1e-6, "rope");
+}
+
+/// MoE router: softmax over all experts, top-k with the lowest id winning ties, renormalised —
+/// against `model::ops::{softmax, top_k}`; includes rows with exact ties. (1e-6 relative.)
+#[test]
+fn router_matches_cpu_with_ties() {
+    let Some(ctx) = context() else { return };
+    let (n_expert, k, tokens) = (16, 4, 3);
+    let mut logits = random_vec(tokens * n_expert, 31);
+    // Token 1: experts 3, 7, 9 and 12 tie for the top; token 2: all equal.
+    for e in [3, 7, 9, 12] {
+        logits[n_expert + e] = 2.5;
+    }
+    for v in &mut logits[2 * n_expert..] {
+        *v = 0.25;
+    }
+    let lb = upload(&ctx, &logits);
+    let ids = GpuBuf::zeros(&ctx, "ids", tokens * k).expect("ids");
+    let wts = GpuBuf::zeros(&ctx, "wts", tokens * k).expect("wts");
+    let mut rec = Recorder::new();
+    gops::moe_router(&ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
+    rec.run(&ctx).expect("run");
+    let got_ids = ids.read_u32(&ctx, 0, tokens * k).expect("ids");
+    let got_w = download(&ctx, &wts, tokens * k);
+    let mut want_w = Vec::new();
+    for t in 0..tokens {
+        let mut p = logits[t * n_expert..(t + 1) * n_expert].to_vec();
+        cpu::softmax(&mut p);
+        let chosen = cpu::top_k(&p, k);
+        let total: f32 = chosen.iter().map(|&e| p[e]).sum();
+        let want_ids: Vec<u32> = chosen.iter().map(|&e| e as u32).collect();
+        assert_eq!(
+            &got_ids[t * k..(t + 1) * k],
+            &want_ids[..],
+            "token {t}: expert ids"
+        );
+        want_w.extend(chosen.iter().map(|&e| p[e] / total));
+    }
+    assert_eq!(
+        &got_ids[k..2 * k],
+        &[3, 7, 9, 12],
+        "ties go to the lowest ids"
+    );
+    assert_eq!(&got_ids[2 * k..], &[0, 1, 2, 3], "all-equal row picks 0..k");
+    close(&got_w, &want_w, 1e-6, "router weights");
+}
+
+/// GDN conv + recurrence against a CPU twin written from `model::gdn` (same per-token maths),
+/// and chunk invariance: 7 tokens in one dispatch == 7 dispatches of one token, bit for bit.
+#[test]
+fn gdn_matches_cpu_and_is_chunk_invariant() {
+    let Some(ctx) = context() else { return };
+    let shape = GdnShape {
+        channels: 0,
+        kernel: 4,
+        n_k_heads: 2,
+        n_v_heads: 4,
+        dk: 16,
+        dv: 16,
+    };
+    let key_dim = shape.n_k_heads * shape.dk;
+    let channels = 2 * key_dim + shape.n_v_heads * shape.dv;
+    let shape = GdnShape { channels, ..shape };
+    let (tokens, nv, dk, dv) = (7, shape.n_v_heads, shape.dk, shape.dv);
+    let mixed = random_vec(tokens * channels, 41);
+    let conv_w = random_vec(channels * shape.kernel, 42);
+    let ba = random_vec(tokens * 2 * nv, 43);
+    let mut gate_params = random_vec(nv, 44);
+    gate_params.extend(random_vec(nv, 45).iter().map(|v| -0.5 - v.abs()));
+
+    let run = |split: bool| -> (Vec<f32>, Vec<f32>) {
+        let cw = upload(&ctx, &conv_w);
+        let hist = GpuBuf::zeros(&ctx, "hist", 3 * channels).expect("hist");
+        let gp = upload(&ctx, &gate_params);
+        let state = GpuBuf::zeros(&ctx, "state", nv * dk * dv).expect("state");
+        let out = GpuBuf::zeros(&ctx, "out", tokens * nv * dv).expect("out");
+        let dummy = GpuBuf::zeros(&ctx, "dummy", 4).expect("dummy");
+        let steps: Vec<(usize, usize)> = if split {
+            (0..tokens).map(|t| (t, 1)).collect()
+        } else {
+            vec![(0, tokens)]
+        };
+        for (t0, n) in steps {
+            // Each step sees its own tokens at the start of the buffers, like the backend's scratch.
+            let m = upload(&ctx, &mixed[t0 * channels..(t0 + n) * channels]);
+            let b = upload(&ctx, &ba[t0 * 2 * nv..(t0 + n) * 2 * nv]);
+            let c = GpuBuf::zeros(&ctx, "c", n * channels).expect("c");
+            let o = GpuBuf::zeros(&ctx, "o", n * nv * dv).expect("o");
+            let mut rec = Recorder::new();
+            gops::gdn_conv(&ctx, &mut rec, &shape, &m, &cw, &hist, &c, n).expect("conv");
+            let l2 = |scale| NormSpec {
+                mode: NormMode::L2,
+                eps: 1e-6,
+                scale,
+                weight: None,
+            };
+            let heads = |off| Groups {
+                n: dk,
+                groups: shape.n_k_heads,
+                off,
+                group_stride: dk,
+                token_stride: channels,
+            };
+            gops::rmsnorm_inplace(
+                &ctx,
+                &mut rec,
+                &l2(1.0 / (dk as f32).sqrt()),
+                &c,
+                heads(0),
+                n,
+                &dummy,
+            )
+            .expect("q");
+            gops::rmsnorm_inplace(&ctx, &mut rec, &l2(1.0), &c, heads(key_dim), n, &dummy)
+                .expect("k");
+            gops::gdn_recurrence(&ctx, &mut rec, &shape, &c, &b, &gp, &state, &o, n).expect("rec");
+            rec.run(&ctx).expect("run");
+            let got = download(&ctx, &o, n * nv * dv);
+            out.write_f32(&ctx, t0 * nv * dv, &got).expect("gather");
+        }
+        (
+            download(&ctx, &out, tokens * nv * dv),
+            download(&ctx, &state, nv * dk * dv),
+        )
+    };
+    let (whole, state_whole) = run(false);
+    let (split, state_split) = run(true);
+    assert!(
+        whole
+            .iter()
+            .zip(&split)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "chunked != token by token"
+    );
+    assert!(
+        state_whole
+            .iter()
+            .zip(&state_split)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "state differs"
+    );
+
+    // CPU twin.
+    let mut hist = vec![0f32; 3 * channels];
+    let mut s = vec![0f32; nv * dk * dv];
+    let mut want = Vec::new();
+    for t in 0..tokens {
+        let u = &mixed[t * channels..(t + 1) * channels];
+        let mut c = vec![0f32; channels];
+        for ch in 0..channels {
+            let mut acc = 0f32;
+            for k in 0..4 {
+                let v = if k == 3 {
+                    u[ch]
+                } else {
+                    hist[k * channels + ch]
+                };
+                acc += conv_w[ch * 4 + k] * v;
+            }
+            c[ch] = cpu::silu(acc);
+        }
+        hist.copy_within(channels.., 0);
+        hist[2 * channels..].copy_from_slice(u);
+        for q in c[..key_dim].chunks_mut(dk) {
+            cpu::l2norm(q, 1e-6);
+            q.iter_mut().for_each(|v| *v *= 1.0 / (dk as f32).sqrt());
+        }
+        for kk in c[key_dim..2 * key_dim].chunks_mut(dk) {
+            cpu::l2norm(kk, 1e-6);
+        }
+        for j in 0..nv {
+            let kh = j % shape.n_k_heads;
+            let q = &c[kh * dk..(kh + 1) * dk];
+            let kv = &c[key_dim + kh * dk..key_dim + (kh + 1) * dk];
+            let v = &c[2 * key_dim + j * dv..2 * key_dim + (j + 1) * dv];
+            let beta = cpu::sigmoid(ba[t * 2 * nv + j]);
+            let decay = (gate_params[nv + j]
+                * cpu::softplus(ba[t * 2 * nv + nv + j] + gate_params[j]))
+            .exp();
+            let st = &mut s[j * dk * dv..(j + 1) * dk * dv];
+            st.iter_mut().for_each(|e| *e *= decay);
+            for col in 0..dv {
+                let pred: f32 = (0..dk).map(|i| st[i * dv + col] * kv[i]).sum();
+                let delta = (v[col] - pred) * beta;
+                for i in 0..dk {
+                    st[i * dv + col] += kv[i] * delta;
+                }
+            }
+            for col in 0..dv {
+                want.push((0..dk).map(|i| st[i * dv + col] * q[i]).sum());
+            }
+        }
+    }
+    close(&whole, &want, 1e-5, "gdn conv + recurrence");
+    close(&state_whole, &s, 1e-5, "gdn state");
+}
+
+/// QSA block selection (top-budget with lowest-id ties, ascending list) and attention over the
+/// selection against a CPU twin (1e-5 relative).
+#[test]
+fn qsa_select_and_attend_match_cpu() {
+    let Some(ctx) = context() else { return };
+    let (ratio, budget, idim, nih) = (4usize, 3usize, 8usize, 2usize);
+    let (heads, n_kv, hd) = (4usize, 2usize, 16usize);
+    let (tokens, pos0) = (6usize, 20usize);
+    let positions = pos0 + tokens;
+    let blocks = positions / ratio;
+    let mut block_keys = random_vec(blocks * idim, 51);
+    // Blocks 1 and 4 identical: a tie the lowest id must win.
+    let b1: Vec<f32> = block_keys[idim..2 * idim].to_vec();
+    block_keys[4 * idim..5 * idim].copy_from_slice(&b1);
+    let iq = random_vec(tokens * nih * idim, 52);
+    let keys = random_vec(positions * n_kv * hd, 53);
+    let values = random_vec(positions * n_kv * hd, 54);
+    let queries = random_vec(tokens * heads * 2 * hd, 55);
+    let max_blocks = blocks + 1;
+    let (iqb, bkb) = (upload(&ctx, &iq), upload(&ctx, &block_keys));
+    let scratch = GpuBuf::zeros(&ctx, "scores", tokens * 2 * max_blocks).expect("scores");
+    let sel = GpuBuf::zeros(&ctx, "sel", tokens * (budget + 1)).expect("sel");
+    let (qb, kb, vb) = (
+        upload(&ctx, &queries),
+        upload(&ctx, &keys),
+        upload(&ctx, &values),
+    );
+    let out = GpuBuf::zeros(&ctx, "out", tokens * heads * hd).expect("out");
+    let select = QsaParams {
+        tokens: tokens as u32,
+        pos0: pos0 as u32,
+        heads: nih as u32,
+        ratio: ratio as u32,
+        budget: budget as u32,
+        idim: idim as u32,
+        max_blocks: max_blocks as u32,
+        scale: 1.0 / (idim as f32).sqrt(),
+        ..Default::default()
+    };
+    let attend = QsaParams {
+        tokens: tokens as u32,
+        pos0: pos0 as u32,
+        heads: heads as u32,
+        n_kv: n_kv as u32,
+        hd: hd as u32,
+        ratio: ratio as u32,
+        budget: budget as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+        ..Default::default()
+    };
+    let mut rec = Recorder::new();
+    gops::qsa_select(&ctx, &mut rec, &select, &iqb, &bkb, &scratch, &sel).expect("select");
+    gops::qsa_attend(&ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &out).expect("attend");
+    rec.run(&ctx).expect("run");
+    let got_sel = sel.read_u32(&ctx, 0, tokens * (budget + 1)).expect("sel");
+    let got = download(&ctx, &out, tokens * heads * hd);
+    let mut want = Vec::new();
+    for t in 0..tokens {
+        let pos = pos0 + t;
+        let nb = (pos + 1) / ratio;
+        let scores: Vec<f32> = (0..nb)
+            .map(|b| {
+                let mut total = 0f32;
+                for h in 0..nih {
+                    let q = &iq[(t * nih + h) * idim..(t * nih + h + 1) * idim];
+                    total += cpu::dot(q, &block_keys[b * idim..(b + 1) * idim]).max(0.0);
+                }
+                total / (idim as f32).sqrt()
+            })
+            .collect();
+        let mut chosen = cpu::top_k(&scores, budget);
+        chosen.sort_unstable();
+        let count = got_sel[t * (budget + 1)] as usize;
+        let got_blocks: Vec<usize> = got_sel[t * (budget + 1) + 1..t * (budget + 1) + 1 + count]
+            .iter()
+            .map(|&b| b as usize)
+            .collect();
+        assert_eq!(got_blocks, chosen, "token {t}: selected blocks");
+        let mut visible: Vec<usize> = chosen
+            .iter()
+            .flat_map(|&b| b * ratio..(b + 1) * ratio)
+            .collect();
+        visible.extend(nb * ratio..=pos);
+        for h in 0..heads {
+            let kvh = h / (heads / n_kv);
+            let q = &queries[(t * heads + h) * 2 * hd..(t * heads + h) * 2 * hd + hd];
+            let gate = &queries[(t * heads + h) * 2 * hd + hd..(t * heads + h + 1) * 2 * hd];
+            let mut w: Vec<f32> = visible
+                .iter()
+                .map(|&j| {
+                    cpu::dot(q, &keys[(j * n_kv + kvh) * hd..(j * n_kv + kvh + 1) * hd])
+                        / (hd as f32).sqrt()
+                })
+                .collect();
+            cpu::softmax(&mut w);
+            for d in 0..hd {
+                let mut acc = 0f32;
+                for (wt, &j) in w.iter().zip(&visible) {
+                    acc += wt * values[(j * n_kv + kvh) * hd + d];
+                }
+                want.push(acc * cpu::sigmoid(gate[d]));
+            }
+        }
+    }
+    close(&got, &want, 1e-5, "qsa attention over the selection");
+}

@@ -261,6 +261,30 @@ fn f16_final_hidden_matches_transformers() {
     }
 }
 
+/// Every decoder layer's output (the four streams) for p7 against transformers' `layer_out`.
+#[test]
+fn f16_layer_outputs_match_transformers() {
+    let Some(backend) = open_model("F16") else {
+        return;
+    };
+    let ids = prompt_ids("p7");
+    let layers = backend.config.n_layer;
+    let wide = backend.config.hc_count * backend.config.n_embd;
+    let ours = backend.sequence().feed_layer_outputs(&ids).expect("feed");
+    // Reference shape [layer, token, 4H]; ours [token, layer, 4H].
+    let reference = read(&fixtures().join("refs/F32/p7.layer_out.npy"));
+    assert_eq!(reference.shape, vec![layers, ids.len(), wide]);
+    for layer in 0..layers {
+        for t in 0..ids.len() {
+            let got = &ours[(t * layers + layer) * wide..(t * layers + layer + 1) * wide];
+            let want =
+                &reference.data[(layer * ids.len() + t) * wide..(layer * ids.len() + t + 1) * wide];
+            let d = max_abs_diff(got, want);
+            assert!(d <= 1e-5, "layer {layer} token {t}: max |Δ| {d}");
+        }
+    }
+}
+
 /// A fresh sequence after a failed one works, and a sequence rejects a bad token with a clear error.
 #[test]
 fn bad_token_is_rejected_without_poisoning_the_backend() {

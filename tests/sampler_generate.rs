@@ -35,6 +35,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
         },
         stop_ids: vec![],
         stop_strings: vec![],
+        checkpoint: None,
     }
 }
 
@@ -230,4 +231,22 @@ fn context_overflow_is_refused_before_any_compute() {
         Err(GenerateError::ZeroMaxTokens)
     ));
     assert_eq!(backend.feeds.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn checkpoint_lets_a_later_prompt_reuse_the_shared_part() {
+    let backend = fake(FakeOptions::default());
+    let mut cached = Generator::new(backend.clone());
+    let mut fresh = Generator::new(fake(FakeOptions::default())).with_prompt_cache(false);
+    // Turn 1: conversation (20 tokens) + generation prompt (3 tokens).
+    let conversation: Vec<u32> = (100..120).collect();
+    let mut first = request([conversation.clone(), vec![1, 2, 3]].concat(), 6, 1);
+    first.checkpoint = Some(conversation.len());
+    run(&mut cached, &first).unwrap();
+    // Turn 2 re-renders turn 1 differently after the conversation: only the checkpoint matches.
+    let second_prompt = [conversation.clone(), vec![7, 8, 9, 1, 2, 3]].concat();
+    let second = run(&mut cached, &request(second_prompt.clone(), 6, 2)).unwrap();
+    assert_eq!(second.usage.cached_tokens, conversation.len());
+    let reference = run(&mut fresh, &request(second_prompt, 6, 2)).unwrap();
+    assert_eq!(second.tokens, reference.tokens);
 }

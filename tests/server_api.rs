@@ -236,6 +236,35 @@ async fn chat_non_streaming_and_streaming_agree_for_a_seed() {
 }
 
 #[tokio::test]
+async fn next_chat_turn_reuses_the_conversation_from_the_prompt_cache() {
+    let server = TestServer::start(hash_backend(), ServerConfig::default()).await;
+    let first = json!({"messages": user("hello there"), "max_tokens": 6, "seed": 1});
+    let (_, a) = server.post("/v1/chat/completions", &first).await;
+    let reply = a["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let second = json!({"messages": [
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "and more"},
+    ], "max_tokens": 6, "seed": 1});
+    let (_, b) = server.post("/v1/chat/completions", &second).await;
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = b["usage"]["prompt_tokens"].as_u64().unwrap();
+    // Everything before turn 1's generation prompt came from the cache.
+    assert!(cached > 0 && cached < prompt, "cached {cached} of {prompt}");
+    let turn_one_prompt = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    // (the generation prompt is a few tokens; the conversation before it most of the prompt).
+    assert!(
+        cached < turn_one_prompt && 2 * cached > turn_one_prompt,
+        "cached {cached}, turn 1 prompt {turn_one_prompt}"
+    );
+}
+
+#[tokio::test]
 async fn seed_is_drawn_and_reported_when_absent() {
     let server = TestServer::start(hash_backend(), ServerConfig::default()).await;
     let body = json!({"messages": user("hi"), "max_tokens": 8});
@@ -336,6 +365,17 @@ async fn tool_history_round_trips_and_tool_choice_is_checked() {
     let body = json!({"messages": messages, "tools": weather_tools(), "max_tokens": 4,
                       "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
     let (status, resp) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{resp}");
+    // The hash model never calls the tool it was told to call: the response says so.
+    let warnings = resp["warnings"].to_string();
+    assert!(
+        warnings.contains("tool_choice required a tool call"),
+        "{resp}"
+    );
+    // Tools double-encoded as JSON strings are accepted.
+    let mut encoded = body.clone();
+    encoded["tools"] = json!([weather_tools()[0].to_string()]);
+    let (status, resp) = server.post("/v1/chat/completions", &encoded).await;
     assert_eq!(status, 200, "{resp}");
     let mut unknown = body.clone();
     unknown["tool_choice"] = json!({"type": "function", "function": {"name": "nope"}});

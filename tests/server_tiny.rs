@@ -130,6 +130,7 @@ fn tiny_model_prompt_cache_extension_is_bit_identical_to_a_fresh_run() {
         },
         stop_ids: vec![],
         stop_strings: vec![],
+        checkpoint: None,
     };
     let first_prompt = tokenizer.encode("the quick brown fox", false).unwrap();
     let first = generate(&mut cached, &tokenizer, &request(first_prompt.clone()));

@@ -249,9 +249,20 @@ fn cases() -> Vec<Case> {
         .call("read_file", read_a()),
         Case::new(
             "stray closing tags never reach the content",
-            "Done.</tool_call>\n</function>",
+            "Done.</tool_call>\n</function>\n</think>",
         )
         .content("Done."),
+        Case::new(
+            "parameters without a function tag: tool inferred",
+            "<tool_call>\n<parameter=pattern>\nfoo\n</parameter>\n<parameter=case_sensitive>\nfalse\n</parameter>\n</tool_call>",
+        )
+        .call("grep", json!({"pattern": "foo", "case_sensitive": false}))
+        .warns(),
+        Case::new(
+            "parameters without a function tag: ambiguous, dropped",
+            "<tool_call>\n<parameter=path>\na.txt\n</parameter>\n</tool_call>",
+        )
+        .warns(),
         Case::new("unreadable call is dropped and reported", "<tool_call>\nnot a call at all\n</tool_call>")
             .warns(),
         Case::new(

@@ -36,7 +36,12 @@ fuzz_target!(|data: &[u8]| {
     std::hint::black_box(checksum);
     for (key, value) in gguf.metadata() {
         assert!(gguf.get(key).is_some());
-        std::hint::black_box((value.as_u64(), value.as_i64(), value.as_f32(), value.as_str()));
+        std::hint::black_box((
+            value.as_u64(),
+            value.as_i64(),
+            value.as_f32(),
+            value.as_str(),
+        ));
     }
 
     // Whatever parses can be written back, and writing the re-read file gives the same bytes.

@@ -2,8 +2,14 @@
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 136u;
 
-const IQ4_VALUES = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
-                                  1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+// The codebook as packed signed bytes: a vector lookup instead of a const-array index, which
+// some drivers turn into a per-invocation copy of the whole array.
+const IQ4_PACKED = vec4<u32>(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+
+fn iq4_value(q: u32) -> f32 {
+    let byte = (IQ4_PACKED[q >> 2u] >> ((q & 3u) << 3u)) & 0xffu;
+    return f32(bitcast<i32>(byte << 24u) >> 24u);
+}
 
 fn dequant_chunk(block: u32, sub: u32) {
     let d = w_f16(block);
@@ -14,7 +20,7 @@ fn dequant_chunk(block: u32, sub: u32) {
     let qs = block + 8u + 16u * sub;
     for (var j = 0u; j < 16u; j++) {
         let q = w_u8(qs + j);
-        wq[j] = dl * IQ4_VALUES[q & 0xfu];
-        wq[j + 16u] = dl * IQ4_VALUES[q >> 4u];
+        wq[j] = dl * iq4_value(q & 0xfu);
+        wq[j + 16u] = dl * iq4_value(q >> 4u);
     }
 }

@@ -6,7 +6,7 @@
 //! separators, non-ASCII kept as is, no HTML escaping), and lets templates call Python string and
 //! dict methods. minijinja with minijinja-contrib's `pycompat` provides the rest.
 
-use minijinja::value::{Kwargs, Serde, Value as JinjaValue};
+use minijinja::value::{Kwargs, Serde, Value as JinjaValue, ValueKind};
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -119,6 +119,14 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", python_tojson);
+        // Jinja2's `sequence` test is true for anything with a length and indexing: strings and
+        // dicts too (minijinja's is true for lists only).
+        env.add_test("sequence", |value: &JinjaValue| {
+            matches!(
+                value.kind(),
+                ValueKind::Seq | ValueKind::Map | ValueKind::String
+            )
+        });
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))
             .map_err(|e| ChatError::Syntax(describe(&e)))?;
         Ok(ChatTemplate {
@@ -508,6 +516,10 @@ mod tests {
     fn python_string_methods_and_refusals() {
         assert_eq!(render_expr(r#""a,b".split(",")[-1] ~ " x ".strip()"#), "bx");
         assert_eq!(render_expr(r#""<think>".startswith("<th")"#), "True");
+        assert_eq!(
+            render_expr(r#"["s" is sequence, {} is sequence, [1] is sequence, 1 is sequence]"#),
+            "[True, True, True, False]"
+        );
         let template =
             ChatTemplate::from_source("{{ raise_exception('no way') }}").expect("compiles");
         match template.render(&[], &RenderOptions::default()) {

@@ -401,6 +401,7 @@ impl StreamParser {
             close(TagName::ToolCall),
             close(TagName::Function),
             close(TagName::Parameter),
+            close(TagName::Think),
         ];
         let may_open_reasoning = !self.starts_in_reasoning
             && !self.reasoning_opened_by_output
@@ -896,7 +897,16 @@ impl StreamParser {
 
     /// Reads a `<tool_call>` body written as JSON. Returns whether it produced a call.
     fn finish_raw_call(&mut self, body: &str, events: &mut Vec<StreamEvent>) -> bool {
-        let Some((name, arguments)) = json_call(body) else {
+        let parsed = json_call(body).or_else(|| {
+            let inferred = call_without_function_tag(body, &self.tools);
+            if let Some((name, _)) = &inferred {
+                self.warnings.push(format!(
+                    "<tool_call> without <function=...>: {name:?} inferred from its parameters"
+                ));
+            }
+            inferred
+        });
+        let Some((name, arguments)) = parsed else {
             if !body.trim().is_empty() {
                 self.warnings.push(format!(
                     "unreadable tool call dropped: {:?}",
@@ -922,6 +932,42 @@ impl StreamParser {
         }
         true
     }
+}
+
+/// Reads a `<tool_call>` that has `<parameter=…>`s but no `<function=…>`: the tool is the one
+/// offered tool whose schema has every parameter used, if exactly one has.
+fn call_without_function_tag(
+    body: &str,
+    tools: &[ToolSpec],
+) -> Option<(String, Map<String, Value>)> {
+    if !body.trim_start().starts_with("<parameter") {
+        return None;
+    }
+    let parse_with_name = |name: &str| {
+        let mut parser = StreamParser::new(false, tools.to_vec());
+        parser.push(&format!("<function={name}>\n"));
+        parser.push(body);
+        parser.push("\n</function>");
+        parser.finish(false).1.tool_calls.into_iter().next()
+    };
+    let probe = parse_with_name("_")?;
+    if probe.arguments.is_empty() {
+        return None;
+    }
+    let mut candidates = tools.iter().filter(|tool| {
+        probe.arguments.keys().all(|key| {
+            tool.parameters
+                .get("properties")
+                .and_then(|properties| properties.get(key.as_str()))
+                .is_some()
+        })
+    });
+    let tool = candidates.next()?;
+    if candidates.next().is_some() {
+        return None;
+    }
+    let call = parse_with_name(&tool.name)?;
+    Some((call.name, call.arguments))
 }
 
 /// Reads `{"name": .., "arguments": {..}}` (also `parameters`, string-encoded arguments, and an

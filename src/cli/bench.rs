@@ -214,6 +214,47 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
+/// GPU time per kernel (summed over its dispatches) of one decode step after `tokens[..n-1]`.
+fn profile_decode_step(backend: &Arc<GpuBackend>, tokens: &[u32]) -> anyhow::Result<serde_json::Value> {
+    use crate::engine::Sequence as _;
+    let Some((&last, prompt)) = tokens.split_last() else {
+        anyhow::bail!("no tokens to profile");
+    };
+    let mut seq = backend.sequence()?;
+    seq.feed(prompt, false)?;
+    seq.set_profiling(true);
+    seq.feed(&[last], false)?;
+    let timings = seq.take_timings();
+    if timings.is_empty() {
+        eprintln!("per-kernel timestamps: not available on this adapter");
+        return Ok(serde_json::Value::Null);
+    }
+    let mut by_kernel: Vec<(String, f64, usize)> = Vec::new();
+    for (label, ns) in &timings {
+        match by_kernel.iter_mut().find(|(l, _, _)| l == label) {
+            Some(entry) => {
+                entry.1 += ns;
+                entry.2 += 1;
+            }
+            None => by_kernel.push((label.clone(), *ns, 1)),
+        }
+    }
+    by_kernel.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = timings.iter().map(|(_, ns)| ns).sum();
+    eprintln!("decode step: {} dispatches, {:.3} ms of GPU time", timings.len(), total / 1e6);
+    for (label, ns, n) in by_kernel.iter().take(12) {
+        eprintln!("  {label:<32} {n:>5} x  {:>9.1} us  {:>5.1}%", ns / 1e3, ns / total * 100.0);
+    }
+    Ok(serde_json::json!({
+        "dispatches": timings.len(),
+        "gpu_ms": total / 1e6,
+        "by_kernel": by_kernel
+            .iter()
+            .map(|(l, ns, n)| serde_json::json!({"kernel": l, "dispatches": n, "us": ns / 1e3}))
+            .collect::<Vec<_>>(),
+    }))
+}
+
 /// Deterministic token ids for timing (no tokenizer involved).
 fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
     let mut s = 0x2545_F491_4F6C_DD1Du64;
@@ -246,6 +287,7 @@ fn bench_model(args: &Args) -> anyhow::Result<serde_json::Value> {
     } else {
         args.ctx
     };
+    let mut gpu_backend = None;
     let (backend, gpu, bytes_per_token, read_gbps): (
         Arc<dyn Backend>,
         Option<serde_json::Value>,
@@ -261,10 +303,11 @@ fn bench_model(args: &Args) -> anyhow::Result<serde_json::Value> {
         BackendChoice::Gpu | BackendChoice::Auto => {
             let ctx = gpu_context()?;
             let read = streaming_read_gbps(&ctx)?;
-            let b = GpuBackend::load(ctx.clone(), gguf, ctx_len)?;
+            let b = Arc::new(GpuBackend::load(ctx.clone(), gguf, ctx_len)?);
             let bytes = b.bytes_per_decoded_token();
+            gpu_backend = Some(Arc::clone(&b));
             (
-                Arc::new(b),
+                b,
                 Some(serde_json::to_value(&ctx.adapter)?),
                 Some(bytes),
                 Some(read),
@@ -305,6 +348,10 @@ fn bench_model(args: &Args) -> anyhow::Result<serde_json::Value> {
     per_token.sort_by(f64::total_cmp);
     let median = per_token.get(per_token.len() / 2).copied().unwrap_or(0.0);
     let achieved = bytes_per_token.map(|b| b as f64 * decode_tps / 1e9);
+    let kernels = match &gpu_backend {
+        Some(b) => Some(profile_decode_step(b, &tokens[..shortest + 1])?),
+        None => None,
+    };
     eprintln!(
         "model: {} on {}",
         backend.info().name,
@@ -342,6 +389,6 @@ fn bench_model(args: &Args) -> anyhow::Result<serde_json::Value> {
         "achieved_gbps": achieved,
         "streaming_read_gbps": read_gbps,
         "fraction_of_streaming_read": achieved.zip(read_gbps).map(|(a, r)| a / r),
-        "per_kernel_timestamps": null,
+        "decode_step_kernels": kernels,
     }))
 }

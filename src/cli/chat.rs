@@ -114,12 +114,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             continue;
         }
+        let checkpoint = crate::server::prompt::generation_prompt_start(
+            &template,
+            &messages,
+            &options,
+            &loaded.tokenizer,
+            &prompt,
+        );
         let request = GenerateRequest {
             prompt,
             max_tokens,
             sampling: args.sampling.resolve(&loaded.defaults)?,
             stop_ids: loaded.tokenizer.stop_ids(),
             stop_strings: Vec::new(),
+            checkpoint,
         };
         let mut printer =
             TerminalPrinter::new(true, crate::chat::prompt_starts_in_reasoning(&text));

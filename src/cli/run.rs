@@ -107,7 +107,7 @@ impl TerminalPrinter {
         self.in_reasoning = reasoning;
         match (reasoning, self.dim) {
             (true, true) => write!(out, "\x1b[2m"),
-            (false, true) => write!(out, "\x1b[0m\n"),
+            (false, true) => writeln!(out, "\x1b[0m"),
             (true, false) => write!(out, "[thinking] "),
             (false, false) => writeln!(out, "\n[/thinking]"),
         }
@@ -313,6 +313,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sampling,
         stop_ids: loaded.tokenizer.stop_ids(),
         stop_strings: Vec::new(),
+        checkpoint: None,
     };
     loaded
         .generator

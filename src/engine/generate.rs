@@ -1,9 +1,10 @@
 //! The generation loop: prompt ids → prefill in chunks → sample / stop checks / stream text, with a
-//! one-entry prompt cache.
+//! prompt cache of the last request.
 //!
-//! Prompt cache: after a request we keep up to two sequences — a fork taken right after the prompt
-//! was fed, and the sequence as it stood when generation ended — each with the logits of its last
-//! fed token. A new prompt that starts with exactly one of those token lists continues from it.
+//! Prompt cache: after a request we keep up to three sequences — a fork at the request's
+//! `checkpoint` (where the chat template's generation prompt starts), a fork taken right after the
+//! prompt was fed, and the sequence as it stood when generation ended — each with the logits of
+//! its last fed token. A new prompt that starts with exactly one of those token lists continues from it.
 //! Recurrent (GDN) state cannot be rewound, so only exact-prefix extension is reusable; by the
 //! backend contract (logits depend only on the tokens, never on how they were split into `feed`
 //! calls) reuse gives bit-identical results to starting afresh.
@@ -37,6 +38,10 @@ pub struct GenerateRequest {
     pub stop_ids: Vec<u32>,
     /// Strings that end generation; the text is cut before the first one.
     pub stop_strings: Vec<String>,
+    /// Also keep a prompt-cache entry after this many prompt tokens — e.g. where the chat
+    /// template's generation prompt begins, since the next turn re-renders this turn's answer
+    /// differently and can only reuse the conversation up to here.
+    pub checkpoint: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,13 +256,32 @@ impl Generator {
             total: prompt.len(),
         });
         let mut cancelled = false;
-        for chunk in prompt[cached_tokens..].chunks(PREFILL_CHUNK) {
+        // A checkpoint strictly inside the part still to feed splits the chunk there.
+        let checkpoint = request
+            .checkpoint
+            .filter(|&c| self.prompt_cache_enabled && c > cached_tokens && c < prompt.len());
+        while done < prompt.len() {
             if cancel.load(Ordering::Relaxed) {
                 cancelled = true;
                 break;
             }
-            logits = sequence.feed(chunk, false)?;
-            done += chunk.len();
+            let mut end = (done + PREFILL_CHUNK).min(prompt.len());
+            if let Some(c) = checkpoint
+                && done < c
+                && c < end
+            {
+                end = c;
+            }
+            logits = sequence.feed(&prompt[done..end], false)?;
+            done = end;
+            if checkpoint == Some(done)
+                && let Some(fork) = sequence.fork()
+            {
+                self.cache.push(CachedSequence {
+                    sequence: fork,
+                    last_logits: logits.clone(),
+                });
+            }
             on_event(GenEvent::PromptProgress {
                 done,
                 total: prompt.len(),

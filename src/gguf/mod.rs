@@ -443,7 +443,7 @@ impl<'a> Reader<'a> {
             return Err(malformed(
                 self.file,
                 format!(
-                    "{what}: array claims {count} elements but only {} bytes are left in the file",
+                    "{what}: array claims {count} elements but only {} bytes are left (truncated or corrupt file)",
                     self.remaining()
                 ),
             ));
@@ -518,7 +518,7 @@ fn parse_file(file: &str, bytes: &[u8]) -> Result<ParsedFile, GgufError> {
         return Err(malformed(
             file,
             format!(
-                "header claims {kv_count} metadata entries but only {} bytes follow",
+                "header claims {kv_count} metadata entries but only {} bytes follow (truncated or corrupt file)",
                 reader.remaining()
             ),
         ));
@@ -527,7 +527,7 @@ fn parse_file(file: &str, bytes: &[u8]) -> Result<ParsedFile, GgufError> {
         return Err(malformed(
             file,
             format!(
-                "header claims {tensor_count} tensors but only {} bytes follow",
+                "header claims {tensor_count} tensors but only {} bytes follow (truncated or corrupt file)",
                 reader.remaining()
             ),
         ));

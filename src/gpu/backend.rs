@@ -17,7 +17,7 @@ use crate::model::ple::{hash_rows, ngram_context};
 use crate::model::weights::{HcWeights, MixerWeights, QuantMatrix, Weights};
 
 use super::buffers::{GpuBuf, GpuWeight, read_staging};
-use super::kernels::{self, Recorder, View};
+use super::kernels::{self, BindGroupCache, Recorder, View};
 use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
 use super::{GpuContext, GpuError};
 
@@ -468,6 +468,7 @@ pub struct GpuSequence {
     /// Collect per-dispatch GPU timestamps on the next feed (see [`GpuSequence::take_timings`]).
     profile: bool,
     timings: Vec<(String, f64)>,
+    bind_groups: BindGroupCache,
 }
 
 impl GpuSequence {
@@ -572,6 +573,7 @@ impl GpuSequence {
             poisoned: false,
             profile: false,
             timings: Vec::new(),
+            bind_groups: BindGroupCache::new(),
         })
     }
 
@@ -1259,10 +1261,10 @@ impl GpuSequence {
         let c = &*b.ctx;
         self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
         self.upload_ple_rows(pos0, t)?;
-        let mut rec = Recorder::new();
-        let rows = self
-            .record(&mut rec, t, pos0, all_logits)
-            .map_err(gpu_err)?;
+        let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
+        let recorded = self.record(&mut rec, t, pos0, all_logits);
+        self.bind_groups = rec.take_cache();
+        let rows = recorded.map_err(gpu_err)?;
         let v = b.config.vocab_size;
         let size = (rows * v * 4) as u64;
         let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
@@ -1312,6 +1314,38 @@ impl GpuSequence {
     }
 }
 
+impl GpuSequence {
+    /// A deep copy: a fresh sequence whose state buffers are GPU-side copies of ours.
+    fn try_fork(&self) -> Result<GpuSequence, GpuError> {
+        let mut copy = GpuSequence::new(Arc::clone(&self.backend))?;
+        let c = &*self.backend.ctx;
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fork") });
+        let mut pairs: Vec<(&GpuBuf, &GpuBuf)> = Vec::new();
+        for (src, dst) in self.layers.iter().zip(&copy.layers) {
+            match (src, dst) {
+                (LayerState::Gdn { conv: a, ssm: b }, LayerState::Gdn { conv: x, ssm: y }) => {
+                    pairs.extend([(a, x), (b, y)]);
+                }
+                (
+                    LayerState::Qsa { keys: a, values: b, raw_index_keys: i, block_keys: k },
+                    LayerState::Qsa { keys: w, values: x, raw_index_keys: y, block_keys: z },
+                ) => pairs.extend([(a, w), (b, x), (i, y), (k, z)]),
+                _ => return Err(GpuError::BadArgs("layer state kinds differ".into())),
+            }
+        }
+        pairs.push((&self.scratch.ple_history, &copy.scratch.ple_history));
+        for (src, dst) in pairs {
+            encoder.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, 0, (src.len.max(1) * 4) as u64);
+        }
+        c.queue.submit([encoder.finish()]);
+        c.wait()?;
+        copy.tokens = self.tokens.clone();
+        Ok(copy)
+    }
+}
+
 impl Sequence for GpuSequence {
     fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -1356,7 +1390,16 @@ impl Sequence for GpuSequence {
     }
 
     fn fork(&self) -> Option<Box<dyn Sequence>> {
-        None
+        if self.poisoned {
+            return None;
+        }
+        match self.try_fork() {
+            Ok(seq) => Some(Box::new(seq)),
+            Err(e) => {
+                tracing::warn!("GPU sequence fork failed: {e}");
+                None
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! [`Recorder`]. A recorder is encoded as ONE compute pass (wgpu inserts the barriers between
 //! dependent dispatches), so a whole token is one pass and one submission.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::gguf::types::GgmlType;
@@ -19,15 +20,33 @@ pub struct Dispatch {
     workgroups: [u32; 3],
 }
 
+/// Bind groups already built, keyed by pipeline and bound buffers. A sequence keeps one across
+/// tokens: a token of the real model has ~1700 dispatches, and building their bind groups anew each
+/// time would cost more host time than the GPU spends.
+pub type BindGroupCache = HashMap<(usize, Vec<(u32, wgpu::Buffer)>), wgpu::BindGroup>;
+
 /// An ordered list of dispatches that becomes one compute pass.
 #[derive(Default)]
 pub struct Recorder {
     pub dispatches: Vec<Dispatch>,
+    cache: Option<BindGroupCache>,
 }
 
 impl Recorder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A recorder that reuses (and extends) `cache`; get it back with [`Self::take_cache`].
+    pub fn with_cache(cache: BindGroupCache) -> Self {
+        Self {
+            dispatches: Vec::new(),
+            cache: Some(cache),
+        }
+    }
+
+    pub fn take_cache(&mut self) -> BindGroupCache {
+        self.cache.take().unwrap_or_default()
     }
 
     pub fn len(&self) -> usize {
@@ -126,19 +145,33 @@ impl Recorder {
             return Ok(());
         }
         let pipeline = ctx.pipelines.get(key)?;
-        let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .map(|(binding, buffer)| wgpu::BindGroupEntry {
-                binding: *binding,
-                resource: buffer.as_entire_binding(),
-            })
-            .collect();
-        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&key.shader),
-            layout: &layout,
-            entries: &entries,
-        });
+        let cache_key = (
+            Arc::as_ptr(&pipeline) as usize,
+            buffers.iter().map(|(b, buf)| (*b, (*buf).clone())).collect::<Vec<_>>(),
+        );
+        let cached = self.cache.as_ref().and_then(|c| c.get(&cache_key)).cloned();
+        let bind_group = match cached {
+            Some(bg) => bg,
+            None => {
+                let layout = pipeline.get_bind_group_layout(0);
+                let entries: Vec<wgpu::BindGroupEntry> = buffers
+                    .iter()
+                    .map(|(binding, buffer)| wgpu::BindGroupEntry {
+                        binding: *binding,
+                        resource: buffer.as_entire_binding(),
+                    })
+                    .collect();
+                let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(&key.shader),
+                    layout: &layout,
+                    entries: &entries,
+                });
+                if let Some(c) = self.cache.as_mut() {
+                    c.insert(cache_key, bg.clone());
+                }
+                bg
+            }
+        };
         self.dispatches.push(Dispatch {
             label: format!("{}:{}", key.shader, key.entry),
             pipeline,

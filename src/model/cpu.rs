@@ -122,7 +122,12 @@ fn check(
 
 impl CpuSequence {
     /// Runs one token through the trunk and returns the final wide residual (before the head mixer).
-    fn step(&mut self, token: u32) -> Result<Vec<f32>, EngineError> {
+    /// With `layer_outputs`, the wide residual after every layer is appended to it.
+    fn step(
+        &mut self,
+        token: u32,
+        mut layer_outputs: Option<&mut Vec<f32>>,
+    ) -> Result<Vec<f32>, EngineError> {
         let backend = Arc::clone(&self.backend);
         let cfg = &backend.config;
         let w = &backend.weights;
@@ -192,6 +197,9 @@ impl CpuSequence {
             check(&y, position, || format!("layer {il} MoE output"))?;
             hc_combine(&mut wide, &alpha, &y);
             check(&wide, position, || format!("layer {il} residual"))?;
+            if let Some(out) = layer_outputs.as_deref_mut() {
+                out.extend_from_slice(&wide);
+            }
         }
         Ok(wide)
     }
@@ -233,6 +241,20 @@ impl CpuSequence {
         Ok(())
     }
 
+    /// Feeds tokens and returns every decoder layer's output: the wide residual (`hc_count · H`,
+    /// stream-major) after each layer, token-major: `[token][layer][hc_count · H]`. This is
+    /// transformers' `layer_out` (transposed) and llama.cpp's `l_last-<il>`, for localising a
+    /// mismatch to a layer.
+    pub fn feed_layer_outputs(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.validate(tokens)?;
+        let mut out = Vec::new();
+        for &t in tokens {
+            self.step(t, Some(&mut out))
+                .inspect_err(|_| self.poisoned = true)?;
+        }
+        Ok(out)
+    }
+
     /// Feeds tokens and returns the head mixer outputs (`final_hidden`, H per token) — for tests
     /// that localise a mismatch against the reference.
     pub fn feed_hidden(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
@@ -240,7 +262,7 @@ impl CpuSequence {
         let mut out = Vec::with_capacity(tokens.len() * self.backend.config.n_embd);
         for &t in tokens {
             let position = self.state.tokens.len();
-            let wide = self.step(t).inspect_err(|_| self.poisoned = true)?;
+            let wide = self.step(t, None).inspect_err(|_| self.poisoned = true)?;
             out.extend(self.hidden_of(&wide, position)?);
         }
         Ok(out)
@@ -263,7 +285,7 @@ impl Sequence for CpuSequence {
         let result = (|| {
             for (i, &t) in tokens.iter().enumerate() {
                 let position = self.state.tokens.len();
-                let wide = self.step(t)?;
+                let wide = self.step(t, None)?;
                 let row = if all_logits {
                     Some(i)
                 } else if i + 1 == tokens.len() {

@@ -404,6 +404,7 @@ pub async fn messages(
         sampling,
         stop_ids: model.tokenizer.stop_ids(),
         stop_strings: parse_stop(req.stop_sequences.as_ref(), "stop_sequences", FLAVOR)?,
+        checkpoint: prepared.checkpoint,
     };
     let assembler = MessageAssembler::new(
         &model.name,

@@ -126,7 +126,7 @@ impl Metrics {
             let name = "strata_request_duration_seconds";
             let _ = writeln!(
                 out,
-                "# HELP {name} Time from request to the end of the response.\n# TYPE {name} histogram"
+                "# HELP {name} Time from a request's arrival to its response headers (for streams: to the first byte).\n# TYPE {name} histogram"
             );
             let mut cumulative = 0;
             for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {

@@ -456,6 +456,7 @@ pub fn prepare_chat_request(
         sampling,
         stop_ids: model.tokenizer.stop_ids(),
         stop_strings,
+        checkpoint: prepared.checkpoint,
     };
     Ok(PreparedChat {
         prepared,
@@ -899,6 +900,7 @@ pub async fn completions(
         sampling,
         stop_ids: model.tokenizer.stop_ids(),
         stop_strings: parse_stop(req.stop.as_ref(), "stop", FLAVOR)?,
+        checkpoint: None,
     };
     let echo = if req.echo.unwrap_or(false) {
         match &req.prompt {

@@ -47,6 +47,8 @@ pub struct PreparedPrompt {
     pub tool_specs: Vec<ToolSpec>,
     /// The client required a tool call.
     pub tool_call_required: bool,
+    /// Where the generation prompt starts (a prompt-cache checkpoint for the next turn).
+    pub checkpoint: Option<usize>,
 }
 
 /// Map an API's reasoning effort onto the template's (`low`, `medium`, `xhigh`). `none` and
@@ -118,6 +120,7 @@ pub fn prepare_chat(
             ApiError::invalid_param("messages", "messages must not be empty").with_flavor(flavor),
         );
     }
+    prompt.tools = decode_double_encoded_tools(std::mem::take(&mut prompt.tools), flavor)?;
     let choice = prompt.tool_choice.clone().unwrap_or(ToolChoice::Auto);
     let offered: Vec<Value> = match &choice {
         ToolChoice::None => Vec::new(),
@@ -176,12 +179,57 @@ pub fn prepare_chat(
     let ids = model.tokenizer.encode(&text, true).map_err(|e| {
         ApiError::bad_request(format!("cannot tokenize the prompt: {e}")).with_flavor(flavor)
     })?;
+    let checkpoint =
+        generation_prompt_start(template, &prompt.messages, &options, &model.tokenizer, &ids);
     Ok(PreparedPrompt {
+        checkpoint,
         ids,
         starts_in_reasoning: crate::chat::prompt_starts_in_reasoning(&text),
         tool_specs: specs,
         tool_call_required,
     })
+}
+
+/// Token count of the conversation without the generation prompt, when it is a strict prefix of
+/// `ids` (the next turn re-renders this turn's answer, so only the part before can be reused).
+pub fn generation_prompt_start(
+    template: &crate::chat::ChatTemplate,
+    messages: &[Message],
+    options: &RenderOptions,
+    tokenizer: &crate::tokenizer::Tokenizer,
+    ids: &[u32],
+) -> Option<usize> {
+    let without = RenderOptions {
+        add_generation_prompt: false,
+        ..options.clone()
+    };
+    let text = template.render(messages, &without).ok()?;
+    let prefix = tokenizer.encode(&text, true).ok()?;
+    (prefix.len() < ids.len() && ids.starts_with(&prefix)).then_some(prefix.len())
+}
+
+/// Some clients send each tool as a JSON string of the tool object; decode those.
+fn decode_double_encoded_tools(tools: Vec<Value>, flavor: Flavor) -> Result<Vec<Value>, ApiError> {
+    tools
+        .into_iter()
+        .enumerate()
+        .map(|(i, tool)| match tool {
+            Value::String(s) => match serde_json::from_str::<Value>(&s) {
+                Ok(v @ Value::Object(_)) => Ok(v),
+                _ => Err(ApiError::invalid_param(
+                    &format!("tools[{i}]"),
+                    format!("tools[{i}] must be a tool object"),
+                )
+                .with_flavor(flavor)),
+            },
+            Value::Object(_) => Ok(tool),
+            _ => Err(ApiError::invalid_param(
+                &format!("tools[{i}]"),
+                format!("tools[{i}] must be a tool object"),
+            )
+            .with_flavor(flavor)),
+        })
+        .collect()
 }
 
 fn add_system_instruction(messages: &mut Vec<Message>, instruction: &str) {

@@ -1,0 +1,102 @@
+//! Memory tiers: what lives in VRAM, what in host RAM or the page cache, and what is read from
+//! disk on demand (issue 5).
+//!
+//! The real IQ3_S model is 54.8 GB of experts and dense weights plus a 28.8 GB PLE table, to be run
+//! on a 12–24 GB GPU with 32–64 GB of RAM. The pieces, each usable and tested on its own:
+//!
+//! * [`size`]: `12GiB` / `800MiB` / `1.5G` on the command line.
+//! * [`plan`]: the VRAM plan — dense weights, KV cache, state, work buffers, then expert slots.
+//! * [`expert_cache`]: which expert sits in which VRAM slot (deterministic LRU, pinning, profile).
+//! * [`host_experts`]: every expert's bytes from the mmap (default) or a RAM copy.
+//! * [`ple_reader`]: checked, cached row gathers from the PLE table by mmap or positioned reads.
+
+pub mod expert_cache;
+pub mod host_experts;
+pub mod layout;
+pub mod plan;
+pub mod ple_reader;
+pub mod size;
+
+pub use expert_cache::{
+    ExpertCacheError, ExpertKey, ExpertProfile, ExpertSlotCache, SlotAssignment,
+};
+pub use host_experts::{ExpertSource, HostExperts, HostExpertsError};
+pub use plan::{MemoryPlan, PlanError, PlanLimits};
+pub use ple_reader::{IoMode, PleReadError, PleReaderOptions, PleRowReader, PleTable};
+pub use size::{ByteSize, SizeError, format_size, parse_size};
+
+use std::path::PathBuf;
+
+/// How routed experts are served from the host (`--experts`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ExpertsArg {
+    /// Slices of the memory-mapped GGUF: the page cache is the RAM tier, no second copy.
+    #[default]
+    Mmap,
+    /// Copy every expert into RAM at load (counts against --ram-budget).
+    Ram,
+    /// Like `ram`, and lock the copy in memory (mlock) so it is never paged out.
+    RamLocked,
+}
+
+impl ExpertsArg {
+    pub fn source(self) -> ExpertSource {
+        match self {
+            ExpertsArg::Mmap => ExpertSource::Mmap,
+            ExpertsArg::Ram => ExpertSource::Ram { locked: false },
+            ExpertsArg::RamLocked => ExpertSource::Ram { locked: true },
+        }
+    }
+}
+
+/// The memory-tier options of `serve`, `run`, `bench` and `inspect --plan`; flatten into a
+/// subcommand's `Args` with `#[command(flatten)]`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TierArgs {
+    /// VRAM the engine may use, e.g. 12GiB, 800MiB, 1.5G (binary), 12GB (decimal). Default: what
+    /// the adapter reports free, minus a reserve.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub vram_budget: Option<u64>,
+    /// Host RAM the engine may use for copies it makes (expert copy, PLE row cache). Default:
+    /// no limit beyond what the system has.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub ram_budget: Option<u64>,
+    /// Where routed experts are served from on the host.
+    #[arg(long, value_enum, default_value_t = ExpertsArg::Mmap)]
+    pub experts: ExpertsArg,
+    /// How PLE table rows are read: from the memory map or with positioned reads.
+    #[arg(long, value_enum, default_value_t = IoMode::Mmap)]
+    pub ple_io: IoMode,
+    /// Rows of the PLE table kept in the row cache (0: no cache).
+    #[arg(long, value_name = "ROWS", default_value_t = ple_reader::DEFAULT_CACHE_ROWS)]
+    pub ple_row_cache: usize,
+    /// Expert usage profile to fill the VRAM slots at start (written by `strata bench` or at
+    /// shutdown). Without it, the first experts of every layer are loaded.
+    #[arg(long, value_name = "FILE")]
+    pub expert_profile: Option<PathBuf>,
+}
+
+impl Default for TierArgs {
+    /// The same values as the command line's defaults.
+    fn default() -> Self {
+        TierArgs {
+            vram_budget: None,
+            ram_budget: None,
+            experts: ExpertsArg::Mmap,
+            ple_io: IoMode::Mmap,
+            ple_row_cache: ple_reader::DEFAULT_CACHE_ROWS,
+            expert_profile: None,
+        }
+    }
+}
+
+impl TierArgs {
+    /// Options for [`PleRowReader::open`].
+    pub fn ple_reader_options(&self) -> PleReaderOptions {
+        PleReaderOptions {
+            mode: self.ple_io,
+            cache_rows: self.ple_row_cache,
+            verify_reads: false,
+        }
+    }
+}
