@@ -813,3 +813,332 @@ fn qsa_select_and_attend_match_cpu() {
     }
     close(&got, &want, 1e-5, "qsa attention over the selection");
 }
+
+/// Hyper-connection mixing and combination against the formulas of `model::hyper_connection`
+/// (1e-6 relative).
+#[test]
+fn hc_mix_and_combine_match_cpu() {
+    let Some(ctx) = context() else { return };
+    let (h, hc, tokens) = (40, 4, 3);
+    let wide = h * hc;
+    let gates = random_vec(tokens * wide, 61);
+    let normed = random_vec(tokens * wide, 62);
+    let residual = random_vec(tokens * wide, 63);
+    let y = random_vec(tokens * h, 64);
+    let inject = random_vec(tokens * hc, 65);
+    let (gb, nb, rb, yb, ib) = (
+        upload(&ctx, &gates),
+        upload(&ctx, &normed),
+        upload(&ctx, &residual),
+        upload(&ctx, &y),
+        upload(&ctx, &inject),
+    );
+    let x_in = GpuBuf::zeros(&ctx, "x_in", tokens * h).expect("x_in");
+    let mut rec = Recorder::new();
+    gops::hc_mix_out(&ctx, &mut rec, &gb, &nb, &x_in, h, hc, tokens).expect("mix");
+    gops::hc_combine(&ctx, &mut rec, &rb, &yb, &ib, h, hc, tokens).expect("combine");
+    rec.run(&ctx).expect("run");
+    let mut want_mix = Vec::new();
+    let mut want_res = residual.clone();
+    for t in 0..tokens {
+        for j in 0..h {
+            let mut sum = 0f32;
+            for s in 0..hc {
+                let i = t * wide + s * h + j;
+                sum += cpu::sigmoid(gates[i]) * normed[i];
+            }
+            want_mix.push(sum * (1.0 / hc as f32));
+        }
+        for s in 0..hc {
+            let alpha = 2.0 * cpu::sigmoid(inject[t * hc + s] * (1.0 / hc as f32));
+            for j in 0..h {
+                want_res[t * wide + s * h + j] += alpha * y[t * h + j];
+            }
+        }
+    }
+    close(
+        &download(&ctx, &x_in, tokens * h),
+        &want_mix,
+        1e-6,
+        "hc mix",
+    );
+    close(
+        &download(&ctx, &rb, tokens * wide),
+        &want_res,
+        1e-6,
+        "hc combine",
+    );
+}
+
+/// PLE gate and dilated conv against the formulas of `model::ple` (1e-5 relative), including
+/// history carried across two chunks.
+#[test]
+fn ple_gate_and_conv_match_cpu() {
+    let Some(ctx) = context() else { return };
+    let shape = gops::PleShape {
+        h: 32,
+        hc: 4,
+        kernel: 4,
+        dilation: 3,
+    };
+    let (h, hc) = (shape.h, shape.hc);
+    let wide = h * hc;
+    let tokens = 11;
+    let kn = random_vec(tokens * wide, 71);
+    let qn = random_vec(tokens * wide, 72);
+    let v = random_vec(tokens * h, 73);
+    let conv_w = random_vec(wide * 4, 74);
+    let residual = random_vec(tokens * wide, 75);
+    // The conv input (normalised P) is an independent random array here: the norm has its own test.
+    let n = random_vec(tokens * wide, 76);
+    let (knb, qnb, vb, cwb) = (
+        upload(&ctx, &kn),
+        upload(&ctx, &qn),
+        upload(&ctx, &v),
+        upload(&ctx, &conv_w),
+    );
+    let gated = GpuBuf::zeros(&ctx, "gated", tokens * wide).expect("gated");
+    let mut rec = Recorder::new();
+    gops::ple_gate(&ctx, &mut rec, &shape, &knb, &qnb, &vb, &gated, tokens).expect("gate");
+    rec.run(&ctx).expect("run");
+    let got_gated = download(&ctx, &gated, tokens * wide);
+    let mut want_gated = Vec::new();
+    for t in 0..tokens {
+        for s in 0..hc {
+            let r = t * wide + s * h..t * wide + (s + 1) * h;
+            let a = cpu::dot(&kn[r.clone()], &qn[r]) / (h as f32).sqrt();
+            let g = cpu::sigmoid(cpu::signed_sqrt(a, 1e-6));
+            want_gated.extend(v[t * h..(t + 1) * h].iter().map(|x| g * x));
+        }
+    }
+    close(&got_gated, &want_gated, 1e-5, "ple gate");
+
+    // Conv over two chunks (5 + 6 tokens) with the history buffer carrying between them.
+    let hist = GpuBuf::zeros(&ctx, "hist", 9 * wide).expect("hist");
+    let mut got = Vec::new();
+    for (t0, count) in [(0usize, 5usize), (5, 6)] {
+        let nbc = upload(&ctx, &n[t0 * wide..(t0 + count) * wide]);
+        let pc = upload(&ctx, &want_gated[t0 * wide..(t0 + count) * wide]);
+        let xc = upload(&ctx, &residual[t0 * wide..(t0 + count) * wide]);
+        let mut rec = Recorder::new();
+        gops::ple_conv(
+            &ctx, &mut rec, &shape, &nbc, &pc, &cwb, &hist, &xc, count, t0,
+        )
+        .expect("conv");
+        rec.run(&ctx).expect("run");
+        got.extend(download(&ctx, &xc, count * wide));
+    }
+    let mut want = residual.clone();
+    for t in 0..tokens {
+        for c in 0..wide {
+            let mut sum = 0f32;
+            for k in 0..4 {
+                let back = 3 * (3 - k);
+                let input = if back <= t {
+                    n[(t - back) * wide + c]
+                } else {
+                    0.0
+                };
+                sum += conv_w[c * 4 + k] * input;
+            }
+            want[t * wide + c] += want_gated[t * wide + c] + cpu::silu(sum);
+        }
+    }
+    close(&got, &want, 1e-5, "ple conv across chunks");
+}
+
+/// Expert mat-vec reading expert ids from a GPU buffer (weights split into parts of whole
+/// experts), SwiGLU and the weighted combination with the shared expert, against the CPU
+/// (1e-5 relative).
+#[test]
+fn moe_experts_and_combine_match_cpu() {
+    let Some(ctx) = context() else { return };
+    let (n_expert, rows, cols, k, tokens) = (6usize, 8usize, 64usize, 2usize, 3usize);
+    let ty = GgmlType::Q8_0;
+    let blocks = strata::quant::random_blocks(ty, n_expert * rows * cols / 32, 81);
+    let mut dense = vec![0f32; n_expert * rows * cols];
+    strata::quant::dequantize(ty, &blocks, &mut dense).expect("dequantize");
+    let row_bytes = cols / 32 * ty.type_size();
+    // Two experts per part: three parts.
+    let w = GpuWeight::upload_with_limit(
+        &ctx,
+        "experts",
+        ty,
+        cols,
+        n_expert * rows,
+        rows,
+        &blocks,
+        Some(2 * rows * row_bytes),
+    )
+    .expect("upload");
+    assert_eq!(w.parts.len(), 3);
+    let ids: Vec<u32> = vec![5, 0, 2, 3, 1, 4];
+    let x = random_vec(tokens * cols, 82);
+    let (idb, xb) = (
+        GpuBuf::from_u32(&ctx, "ids", &ids).expect("ids"),
+        upload(&ctx, &x),
+    );
+    let y = GpuBuf::zeros(&ctx, "y", tokens * k * rows).expect("y");
+    let mut rec = Recorder::new();
+    kernels::matvec_expert(
+        &ctx,
+        &mut rec,
+        &w,
+        &idb,
+        k,
+        false,
+        View::new(&xb, 0, cols),
+        View::new(&y, 0, rows),
+        tokens * k,
+    )
+    .expect("expert matvec");
+    rec.run(&ctx).expect("run");
+    let got = download(&ctx, &y, tokens * k * rows);
+    let mut want = Vec::new();
+    for (item, &e) in ids.iter().enumerate() {
+        let t = item / k;
+        for r in 0..rows {
+            let row = &dense[(e as usize * rows + r) * cols..(e as usize * rows + r + 1) * cols];
+            want.push(cpu::dot(row, &x[t * cols..(t + 1) * cols]));
+        }
+    }
+    close(&got, &want, 1e-5, "expert matvec");
+
+    // SwiGLU + combine with the shared expert.
+    let h = rows;
+    let gate = random_vec(tokens * k * h, 83);
+    let up = random_vec(tokens * k * h, 84);
+    let weights = random_vec(tokens * k, 85)
+        .iter()
+        .map(|v| v.abs())
+        .collect::<Vec<_>>();
+    let shared = random_vec(tokens * h, 86);
+    let shared_logit = random_vec(tokens, 87);
+    let (gb, ub, wb, sb, slb) = (
+        upload(&ctx, &gate),
+        upload(&ctx, &up),
+        upload(&ctx, &weights),
+        upload(&ctx, &shared),
+        upload(&ctx, &shared_logit),
+    );
+    let out = GpuBuf::zeros(&ctx, "out", tokens * h).expect("out");
+    let mut rec = Recorder::new();
+    gops::swiglu(&ctx, &mut rec, &gb, &ub, tokens * k * h).expect("swiglu");
+    gops::moe_combine(
+        &ctx,
+        &mut rec,
+        &gb,
+        &wb,
+        Some((&sb, &slb)),
+        &out,
+        h,
+        k,
+        tokens,
+    )
+    .expect("combine");
+    rec.run(&ctx).expect("run");
+    let act: Vec<f32> = gate
+        .iter()
+        .zip(&up)
+        .map(|(g, u)| cpu::silu(*g) * u)
+        .collect();
+    close(&download(&ctx, &gb, act.len()), &act, 1e-6, "swiglu");
+    let mut want = Vec::new();
+    for t in 0..tokens {
+        for i in 0..h {
+            let mut acc = 0f32;
+            for slot in 0..k {
+                acc += weights[t * k + slot] * act[(t * k + slot) * h + i];
+            }
+            acc += cpu::sigmoid(shared_logit[t]) * shared[t * h + i];
+            want.push(acc);
+        }
+    }
+    close(
+        &download(&ctx, &out, tokens * h),
+        &want,
+        1e-6,
+        "moe combine",
+    );
+}
+
+/// Embedding gather into every stream, cache row copies and block means.
+#[test]
+fn gather_copy_and_block_mean_match_cpu() {
+    let Some(ctx) = context() else { return };
+    let (vocab, dim, reps) = (10usize, 64usize, 4usize);
+    let table = random_vec(vocab * dim, 91);
+    let w = GpuWeight::upload_with_limit(
+        &ctx,
+        "embd",
+        GgmlType::F32,
+        dim,
+        vocab,
+        1,
+        bytemuck::cast_slice(&table),
+        Some(3 * dim * 4),
+    )
+    .expect("upload");
+    let ids = [7u32, 0, 9, 7];
+    let idb = GpuBuf::from_u32(&ctx, "ids", &ids).expect("ids");
+    let out = GpuBuf::zeros(&ctx, "out", ids.len() * dim * reps).expect("out");
+    let mut rec = Recorder::new();
+    kernels::get_rows(
+        &ctx,
+        &mut rec,
+        &w,
+        &idb,
+        ids.len(),
+        View::new(&out, 0, dim * reps),
+        reps,
+        dim,
+    )
+    .expect("get_rows");
+    rec.run(&ctx).expect("run");
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| (0..reps).flat_map(move |_| (0..dim).map(move |i| (id as usize, i))))
+        .map(|(id, i)| table[id * dim + i])
+        .collect();
+    close(
+        &download(&ctx, &out, want.len()),
+        &want,
+        0.0,
+        "embedding gather into every stream",
+    );
+
+    let (rows, width, ratio) = (8usize, 16usize, 4usize);
+    let src = random_vec(rows * width, 92);
+    let sb = upload(&ctx, &src);
+    let cache = GpuBuf::zeros(&ctx, "cache", 12 * width).expect("cache");
+    let means = GpuBuf::zeros(&ctx, "means", 3 * width).expect("means");
+    let mut rec = Recorder::new();
+    gops::copy_rows(
+        &ctx, &mut rec, &sb, 0, width, &cache, 0, width, 4, rows, width,
+    )
+    .expect("copy");
+    gops::block_mean(&ctx, &mut rec, &cache, &means, 1, 2, ratio, width).expect("mean");
+    rec.run(&ctx).expect("run");
+    let got_cache = download(&ctx, &cache, 12 * width);
+    assert!(
+        got_cache[..4 * width].iter().all(|v| *v == 0.0),
+        "rows before row0 untouched"
+    );
+    close(&got_cache[4 * width..], &src, 0.0, "copy rows");
+    let mut want = vec![0f32; width];
+    for b in 1..3 {
+        for i in 0..width {
+            let mut acc = 0f32;
+            for j in 0..ratio {
+                acc += got_cache[(b * ratio + j) * width + i];
+            }
+            want.push(acc / ratio as f32);
+        }
+    }
+    close(
+        &download(&ctx, &means, 3 * width),
+        &want,
+        1e-6,
+        "block means",
+    );
+}

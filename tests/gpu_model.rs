@@ -161,3 +161,29 @@ fn tiny_iq3_s_matches_reference_and_is_chunk_invariant() {
     let Some(ctx) = context() else { return };
     check_type(&ctx, "IQ3_S", &["p1", "p300"]);
 }
+
+/// A forked sequence continues exactly like the original (and like one uninterrupted run).
+#[test]
+fn fork_continues_bit_identically() {
+    let Some(ctx) = context() else { return };
+    let backend = load(&ctx, "IQ3_S");
+    let ids = prompt_ids("p64eos");
+    let whole = run(&backend, &ids, ids.len());
+    let vocab = backend.info().vocab_size;
+    let split = 30;
+    let mut seq = Arc::clone(&backend).new_sequence().expect("sequence");
+    seq.feed(&ids[..split], false).expect("prefix");
+    let mut fork = seq.fork().expect("GPU sequences can fork");
+    assert_eq!(fork.tokens(), &ids[..split]);
+    let from_original = seq.feed(&ids[split..], true).expect("original continues");
+    let from_fork = fork.feed(&ids[split..], true).expect("fork continues");
+    let expected = &whole[split * vocab..];
+    assert!(
+        bits_equal(&from_original, expected),
+        "original after fork differs from one run"
+    );
+    assert!(
+        bits_equal(&from_fork, expected),
+        "fork differs from one run"
+    );
+}

@@ -215,7 +215,10 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
 }
 
 /// GPU time per kernel (summed over its dispatches) of one decode step after `tokens[..n-1]`.
-fn profile_decode_step(backend: &Arc<GpuBackend>, tokens: &[u32]) -> anyhow::Result<serde_json::Value> {
+fn profile_decode_step(
+    backend: &Arc<GpuBackend>,
+    tokens: &[u32],
+) -> anyhow::Result<serde_json::Value> {
     use crate::engine::Sequence as _;
     let Some((&last, prompt)) = tokens.split_last() else {
         anyhow::bail!("no tokens to profile");
@@ -241,9 +244,17 @@ fn profile_decode_step(backend: &Arc<GpuBackend>, tokens: &[u32]) -> anyhow::Res
     }
     by_kernel.sort_by(|a, b| b.1.total_cmp(&a.1));
     let total: f64 = timings.iter().map(|(_, ns)| ns).sum();
-    eprintln!("decode step: {} dispatches, {:.3} ms of GPU time", timings.len(), total / 1e6);
+    eprintln!(
+        "decode step: {} dispatches, {:.3} ms of GPU time",
+        timings.len(),
+        total / 1e6
+    );
     for (label, ns, n) in by_kernel.iter().take(12) {
-        eprintln!("  {label:<32} {n:>5} x  {:>9.1} us  {:>5.1}%", ns / 1e3, ns / total * 100.0);
+        eprintln!(
+            "  {label:<32} {n:>5} x  {:>9.1} us  {:>5.1}%",
+            ns / 1e3,
+            ns / total * 100.0
+        );
     }
     Ok(serde_json::json!({
         "dispatches": timings.len(),

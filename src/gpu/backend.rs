@@ -1278,7 +1278,11 @@ impl GpuSequence {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("token"),
             });
-        let timestamps = if self.profile { rec.timestamps(c) } else { None };
+        let timestamps = if self.profile {
+            rec.timestamps(c)
+        } else {
+            None
+        };
         rec.encode(&mut encoder, timestamps.as_ref().map(|t| &t.set));
         if let Some(t) = &timestamps {
             t.resolve(&mut encoder);
@@ -1321,7 +1325,9 @@ impl GpuSequence {
         let c = &*self.backend.ctx;
         let mut encoder = c
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("fork") });
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("fork"),
+            });
         let mut pairs: Vec<(&GpuBuf, &GpuBuf)> = Vec::new();
         for (src, dst) in self.layers.iter().zip(&copy.layers) {
             match (src, dst) {
@@ -1329,15 +1335,31 @@ impl GpuSequence {
                     pairs.extend([(a, x), (b, y)]);
                 }
                 (
-                    LayerState::Qsa { keys: a, values: b, raw_index_keys: i, block_keys: k },
-                    LayerState::Qsa { keys: w, values: x, raw_index_keys: y, block_keys: z },
+                    LayerState::Qsa {
+                        keys: a,
+                        values: b,
+                        raw_index_keys: i,
+                        block_keys: k,
+                    },
+                    LayerState::Qsa {
+                        keys: w,
+                        values: x,
+                        raw_index_keys: y,
+                        block_keys: z,
+                    },
                 ) => pairs.extend([(a, w), (b, x), (i, y), (k, z)]),
                 _ => return Err(GpuError::BadArgs("layer state kinds differ".into())),
             }
         }
         pairs.push((&self.scratch.ple_history, &copy.scratch.ple_history));
         for (src, dst) in pairs {
-            encoder.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, 0, (src.len.max(1) * 4) as u64);
+            encoder.copy_buffer_to_buffer(
+                &src.buffer,
+                0,
+                &dst.buffer,
+                0,
+                (src.len.max(1) * 4) as u64,
+            );
         }
         c.queue.submit([encoder.finish()]);
         c.wait()?;

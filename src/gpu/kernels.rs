@@ -147,7 +147,10 @@ impl Recorder {
         let pipeline = ctx.pipelines.get(key)?;
         let cache_key = (
             Arc::as_ptr(&pipeline) as usize,
-            buffers.iter().map(|(b, buf)| (*b, (*buf).clone())).collect::<Vec<_>>(),
+            buffers
+                .iter()
+                .map(|(b, buf)| (*b, (*buf).clone()))
+                .collect::<Vec<_>>(),
         );
         let cached = self.cache.as_ref().and_then(|c| c.get(&cache_key)).cloned();
         let bind_group = match cached {

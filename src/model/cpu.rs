@@ -28,7 +28,8 @@ pub struct CpuBackend {
     pub config: Config,
     pub weights: Weights,
     info: ModelInfo,
-    _gguf: Arc<Gguf>,
+    /// The file the weights borrow from (kept so `gguf()` can hand it to other components).
+    gguf: Arc<Gguf>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -64,11 +65,16 @@ impl CpuBackend {
             config,
             weights,
             info,
-            _gguf: gguf,
+            gguf,
         })
     }
 
-    /// A fresh CPU sequence (the concrete type, for callers that want `hidden` etc.).
+    /// The GGUF the model was loaded from.
+    pub fn gguf(&self) -> &Arc<Gguf> {
+        &self.gguf
+    }
+
+    /// A fresh CPU sequence as its concrete type (for `feed_hidden` / `feed_layer_outputs`).
     pub fn sequence(self: &Arc<Self>) -> CpuSequence {
         CpuSequence {
             backend: Arc::clone(self),

@@ -292,7 +292,11 @@ pub fn convert_messages(messages: &[Value]) -> Result<Vec<Message>, ApiError> {
                 ));
             }
         };
-        let content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
+        let mut content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
+        // Only an assistant turn may lack content (it can be all tool calls).
+        if role != "assistant" && content.is_none() {
+            content = Some(String::new());
+        }
         let reasoning_content = m
             .get("reasoning_content")
             .or_else(|| m.get("reasoning"))
