@@ -648,3 +648,91 @@ fn tool_specs_from_client_json() {
     assert_eq!(names, ["f", "g"]);
     assert_eq!(specs[1].parameters, json!({"type": "object"}));
 }
+
+/// Seeded random soup of markup pieces, near-miss fragments and text: the parser must never
+/// panic, never show tool-call markup as answer text, and give the same result however the
+/// stream is cut.
+#[test]
+fn random_markup_soup_is_chunking_invariant() {
+    const PIECES: [&str; 28] = [
+        "<tool_call>",
+        "</tool_call>",
+        "<\u{200B}tool_call>",
+        "</\u{200B}tool_call>",
+        "<function=read_file>",
+        "<function=grep>",
+        "<function name=\"write_file\">",
+        "</function>",
+        "<parameter=path>",
+        "<parameter=limit>",
+        "<parameter=paths>",
+        "</parameter>",
+        "<think>",
+        "</think>",
+        "\n",
+        "\n\n",
+        " ",
+        "a.txt",
+        "10",
+        "[\"x\"]",
+        "{\"name\": \"grep\", \"arguments\": {\"pattern\": \"p\"}}",
+        "<",
+        ">",
+        "</",
+        "<tool_ca",
+        "é🚀",
+        "text",
+        "<b>",
+    ];
+    let tools = tools();
+    let mut state: u64 = 0x5eed_1234_abcd_ef01;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for round in 0..400 {
+        let pieces = 1 + (next() % 40) as usize;
+        let text: String = (0..pieces)
+            .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+            .collect();
+        let case = Case {
+            starts_in_reasoning: next() % 2 == 0,
+            stopped_by_length: next() % 3 == 0,
+            ..Case::new("soup", text)
+        };
+        let whole = parse_finished_output(
+            &case.text,
+            case.starts_in_reasoning,
+            &tools,
+            case.stopped_by_length,
+        );
+        for markup in [
+            "<tool_call>",
+            "</tool_call>",
+            "tool_call>",
+            "<function=",
+            "<function name",
+            "</function>",
+            "<parameter=",
+            "</parameter>",
+        ] {
+            assert!(
+                !whole.content.contains(markup),
+                "round {round}: {markup:?} in content {:?} of {:?}",
+                whole.content,
+                case.text
+            );
+        }
+        for seed in 0..4 {
+            let streamed = stream(
+                &case,
+                &chunks(&case.text, seed + round, 1 + seed as usize * 3),
+                &tools,
+            );
+            assert_eq!(streamed.output, whole, "round {round}: {:?}", case.text);
+            check_events(&case, &streamed);
+        }
+    }
+}

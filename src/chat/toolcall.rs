@@ -402,6 +402,8 @@ impl StreamParser {
             close(TagName::Function),
             close(TagName::Parameter),
             close(TagName::Think),
+            // A parameter outside any function: a call missing its `<function=…>` line.
+            open(TagName::Parameter),
         ];
         let may_open_reasoning = !self.starts_in_reasoning
             && !self.reasoning_opened_by_output
@@ -441,6 +443,12 @@ impl StreamParser {
                     (TagName::Think, false) => {
                         self.reasoning_opened_by_output = true;
                         (Mode::Reasoning, len)
+                    }
+                    (TagName::Parameter, false) => {
+                        // Collected like a `<tool_call>` body; the tool is inferred at the end.
+                        self.content.drop_pending_blank();
+                        self.in_call_block = true;
+                        (Mode::RawCall(rest[..tag.len].to_string()), len)
                     }
                     _ => (Mode::Content, len),
                 }

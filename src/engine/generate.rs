@@ -113,7 +113,7 @@ pub enum GenerateError {
     EmptyPrompt,
     #[error(
         "the prompt has {prompt} tokens and max_tokens is {max_tokens}: {} > context length {ctx}",
-        prompt + max_tokens
+        prompt.saturating_add(*max_tokens)
     )]
     ContextOverflow {
         prompt: usize,

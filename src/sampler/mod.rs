@@ -5,14 +5,15 @@
 //!    by the penalty, a negative one multiplied), then frequency (`count × f`) and presence (`p` once)
 //!    over the generated tokens only (OpenAI semantics);
 //! 2. temperature: `temperature == 0` ⇒ greedy argmax of the penalised logits, lowest id on ties;
-//!    otherwise every logit is divided by the temperature;
+//!    otherwise the logits are divided by the temperature (inside the exponent, see below);
 //! 3. candidates sorted by (logit descending, id ascending) — a total order, so ties are deterministic;
 //! 4. top-k (0 = off), 5. top-p (smallest prefix whose probability mass reaches `top_p`),
 //! 6. min-p (drop tokens whose probability is below `min_p × p_max`),
 //! 7. sample: one uniform `u` from [`uniform`] keyed by (seed, absolute position); walk the kept
 //!    candidates in sorted order until the cumulative (unnormalised) mass exceeds `u × total`.
 //!
-//! Probabilities are `exp(l - l_max)` in f64, summed in candidate order.
+//! Unnormalised probabilities are `exp((l - l_max) / T)` computed in f64 (so a tiny temperature
+//! cannot overflow), summed in candidate order.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
@@ -253,7 +254,7 @@ impl Sampler {
         if self.params.is_greedy() {
             return Ok(argmax(&row));
         }
-        let inv_temperature = 1.0 / self.params.temperature;
+        let inv_temperature = 1.0 / self.params.temperature as f64;
         let candidates = self.candidates(&row, inv_temperature);
         let u = uniform(self.seed, position as u64);
         Ok(draw(&candidates, u))
@@ -283,12 +284,14 @@ impl Sampler {
 
     /// Steps 2–6: temperature, sort, top-k, top-p, min-p. Returns (id, unnormalised probability)
     /// in sorted order, never empty.
-    fn candidates(&self, row: &[f32], inv_temperature: f32) -> Vec<(u32, f64)> {
+    fn candidates(&self, row: &[f32], inv_temperature: f64) -> Vec<(u32, f64)> {
         let p = &self.params;
+        // Sorting the unscaled logits gives the same order (T > 0); scaling happens inside the
+        // exponent below, where it cannot overflow.
         let mut ids: Vec<(u32, f32)> = row
             .iter()
             .enumerate()
-            .map(|(i, &l)| (i as u32, l * inv_temperature))
+            .map(|(i, &l)| (i as u32, l))
             .collect();
         // Total order: logit descending, then id ascending.
         let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -300,7 +303,7 @@ impl Sampler {
         let max = ids.first().map(|c| c.1).unwrap_or(0.0) as f64;
         let mut probs: Vec<(u32, f64)> = ids
             .into_iter()
-            .map(|(id, l)| (id, (l as f64 - max).exp()))
+            .map(|(id, l)| (id, ((l as f64 - max) * inv_temperature).exp()))
             .collect();
         let total: f64 = probs.iter().map(|c| c.1).sum();
         if p.top_p < 1.0 {
@@ -396,6 +399,14 @@ mod tests {
         let s = Sampler::new(&params(1.0, 0, 1.0, 0.1), &[]).unwrap();
         for pos in 0..200 {
             assert_eq!(s.pick(&[5.0, 0.0], pos).unwrap(), 0);
+        }
+    }
+
+    #[test]
+    fn tiny_temperature_behaves_like_greedy_instead_of_overflowing() {
+        let s = Sampler::new(&params(1e-30, 0, 1.0, 0.0), &[]).unwrap();
+        for pos in 0..100 {
+            assert_eq!(s.pick(&[1e30, 3e30, 2e30], pos).unwrap(), 1);
         }
     }
 

@@ -559,10 +559,10 @@ pub(crate) fn check_context(
         .with_code("context_length_exceeded")
         .with_flavor(flavor));
     }
-    if prompt_tokens + max_tokens > ctx {
+    if prompt_tokens.saturating_add(max_tokens) > ctx {
         return Err(ApiError::bad_request(format!(
             "the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: {} > the model's context of {ctx} tokens; lower max_tokens to at most {}",
-            prompt_tokens + max_tokens,
+            prompt_tokens.saturating_add(max_tokens),
             ctx - prompt_tokens
         ))
         .with_code("context_length_exceeded")

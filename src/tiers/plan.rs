@@ -97,6 +97,7 @@ pub enum PlanError {
 pub struct DenseTensorPlan {
     pub name: String,
     pub n_bytes: u64,
+    pub row_bytes: u64,
     /// Rows per buffer (the last buffer may hold fewer).
     pub rows_per_buffer: u64,
     pub buffers: usize,
@@ -429,21 +430,21 @@ fn plan_dense_tensor(
     limits: &PlanLimits,
 ) -> Result<DenseTensorPlan, PlanError> {
     let align = |bytes: u64| bytes.next_multiple_of(limits.alignment);
+    // A hand-built info whose rows are not whole blocks is treated as one indivisible row.
+    let row_bytes = match tensor.row_bytes() {
+        0 => tensor.n_bytes,
+        r => r,
+    };
     if tensor.n_bytes <= limits.max_binding_bytes {
         return Ok(DenseTensorPlan {
             name: tensor.name.clone(),
             n_bytes: tensor.n_bytes,
+            row_bytes,
             rows_per_buffer: tensor.n_rows(),
             buffers: 1,
             vram_bytes: align(tensor.n_bytes),
         });
     }
-    let row_bytes = tensor.row_bytes();
-    let row_bytes = if row_bytes == 0 {
-        tensor.n_bytes
-    } else {
-        row_bytes
-    };
     let rows_per_buffer = limits.max_binding_bytes / row_bytes;
     if rows_per_buffer == 0 {
         return Err(PlanError::RowTooBig {
@@ -461,6 +462,7 @@ fn plan_dense_tensor(
     Ok(DenseTensorPlan {
         name: tensor.name.clone(),
         n_bytes: tensor.n_bytes,
+        row_bytes,
         rows_per_buffer,
         buffers: usize::try_from(buffers).map_err(|_| PlanError::Overflow("buffer count"))?,
         vram_bytes,

@@ -536,7 +536,7 @@ impl PleRowReader {
         };
         match (mode, &self.map) {
             (IoMode::Mmap, Some(map)) => {
-                let start = usize::try_from(row * self.table.row_bytes as u64 + u64::from((self.table.row_offset(row) % 4096) + 90 > 4096 && row % 7 == 0))
+                let start = usize::try_from(row * self.table.row_bytes as u64)
                     .map_err(|_| io_error(std::io::ErrorKind::InvalidInput.into()))?;
                 let bytes = map
                     .get(start..start + target.len())
