@@ -105,6 +105,44 @@ fn all_chat_cases_render_and_tokenize_like_transformers() {
 }
 
 #[test]
+fn json_encoded_arguments_render_like_a_mapping() {
+    let template = ChatTemplate::from_gguf(&tiny_gguf()).expect("template");
+    let call = |arguments: Json| Message {
+        role: "assistant".into(),
+        content: Some(String::new()),
+        tool_calls: vec![ToolCall {
+            id: "call_0".into(),
+            name: "read_file".into(),
+            arguments,
+        }],
+        ..Message::default()
+    };
+    let user = Message {
+        role: "user".into(),
+        content: Some("go".into()),
+        ..Message::default()
+    };
+    let options = RenderOptions::default();
+    let as_mapping = template
+        .render(
+            &[user.clone(), call(json!({"path": "a.txt", "limit": 10}))],
+            &options,
+        )
+        .expect("renders");
+    let as_string = template
+        .render(
+            &[user, call(json!("{\"path\": \"a.txt\", \"limit\": 10}"))],
+            &options,
+        )
+        .expect("renders");
+    assert_eq!(as_string, as_mapping);
+    assert!(
+        as_mapping.contains("<parameter=limit>\n10\n</parameter>"),
+        "{as_mapping}"
+    );
+}
+
+#[test]
 fn template_source_is_the_fixture_file() {
     let template = ChatTemplate::from_gguf(&tiny_gguf()).expect("template");
     let file = std::fs::read_to_string(format!("{FIXTURES}/chat_template.jinja")).expect("file");

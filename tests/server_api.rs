@@ -136,8 +136,22 @@ fn parse_sse(text: &str) -> Vec<(Option<String>, String)> {
         .collect()
 }
 
+/// The tiny tokenizer's stop ids: kept out of the hash logits so a run lasts `max_tokens`.
+fn stop_ids() -> Vec<u32> {
+    strata::tokenizer::Tokenizer::from_gguf(&tiny())
+        .expect("tokenizer")
+        .stop_ids()
+}
+
 fn hash_backend() -> Arc<FakeBackend> {
-    Arc::new(FakeBackend::new(512, 2048, FakeOptions::default()))
+    Arc::new(FakeBackend::new(
+        512,
+        2048,
+        FakeOptions {
+            suppressed: stop_ids(),
+            ..FakeOptions::default()
+        },
+    ))
 }
 
 fn scripted(text: &str) -> Arc<FakeBackend> {
@@ -771,6 +785,7 @@ async fn engine_errors_are_500_and_the_next_request_works() {
         2048,
         FakeOptions {
             fail_at_length: Some(6),
+            suppressed: stop_ids(),
             ..FakeOptions::default()
         },
     ));
@@ -819,6 +834,7 @@ fn slow_backend() -> Arc<FakeBackend> {
         4096,
         FakeOptions {
             feed_delay: Duration::from_millis(20),
+            suppressed: stop_ids(),
             ..FakeOptions::default()
         },
     ))

@@ -110,7 +110,7 @@ fn read_list(seed: u64, n_random: usize, n_rows: u64, crossing: &[u64]) -> Vec<u
         reads.swap(i, j);
     }
     // Pad to whole tokens.
-    while reads.len() % ROWS_PER_TOKEN != 0 {
+    while !reads.len().is_multiple_of(ROWS_PER_TOKEN) {
         reads.push(1);
     }
     reads

@@ -218,7 +218,7 @@ fn message_for_template(message: &Message) -> Value {
                 }
                 let mut function = Map::new();
                 function.insert("name".to_string(), Value::String(call.name.clone()));
-                function.insert("arguments".to_string(), call.arguments.clone());
+                function.insert("arguments".to_string(), arguments_mapping(&call.arguments));
                 entry.insert("function".to_string(), Value::Object(function));
                 Value::Object(entry)
             })
@@ -232,6 +232,18 @@ fn message_for_template(message: &Message) -> Value {
         map.insert("name".to_string(), Value::String(name.clone()));
     }
     Value::Object(map)
+}
+
+/// Templates render arguments given as a mapping (`arguments | items`); OpenAI clients send
+/// them JSON-encoded in a string, so a string holding a JSON object is decoded.
+fn arguments_mapping(arguments: &Value) -> Value {
+    match arguments {
+        Value::String(encoded) => match serde_json::from_str::<Value>(encoded) {
+            Ok(object @ Value::Object(_)) => object,
+            _ => arguments.clone(),
+        },
+        other => other.clone(),
+    }
 }
 
 fn raise_exception(message: String) -> Result<JinjaValue, minijinja::Error> {

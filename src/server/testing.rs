@@ -19,6 +19,8 @@ pub struct FakeOptions {
     pub feed_delay: Duration,
     /// Fail with `NonFinite` when a feed reaches this many tokens in the sequence.
     pub fail_at_length: Option<usize>,
+    /// Tokens the hash logits never favour (e.g. stop ids, so a run lasts `max_tokens`).
+    pub suppressed: Vec<u32>,
 }
 
 /// A backend whose logits depend only on the tokens fed so far.
@@ -92,13 +94,19 @@ impl FakeSequence {
         for &t in history {
             h = splitmix64(h ^ t as u64);
         }
-        (0..vocab)
+        let mut row: Vec<f32> = (0..vocab)
             .map(|i| {
                 let bits = splitmix64(h ^ (i as u64).wrapping_mul(0x9E37_79B9));
                 // Uniform in [-4, 4): wide enough that temperature and top-k matter.
                 ((bits >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
             })
-            .collect()
+            .collect();
+        for &t in &options.suppressed {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l = -100.0;
+            }
+        }
+        row
     }
 }
 

@@ -295,11 +295,10 @@ impl MemoryPlan {
                 part_offsets,
             });
         }
-        let slots_per_buffer = if slot_bytes == 0 {
-            0
-        } else {
-            limits.max_binding_bytes / slot_bytes
-        };
+        let slots_per_buffer = limits
+            .max_binding_bytes
+            .checked_div(slot_bytes)
+            .unwrap_or(0);
         if slot_bytes > 0 && slots_per_buffer == 0 {
             return Err(PlanError::SlotTooBig {
                 slot_bytes,
@@ -329,11 +328,9 @@ impl MemoryPlan {
                 breakdown,
             });
         }
-        let expert_slots = if slot_bytes == 0 {
-            0
-        } else {
-            ((vram_budget - fixed) / slot_bytes).min(total_experts)
-        };
+        let expert_slots = (vram_budget - fixed)
+            .checked_div(slot_bytes)
+            .map_or(0, |slots| slots.min(total_experts));
         let slot_buffers = if slots_per_buffer == 0 {
             0
         } else {
