@@ -4,7 +4,9 @@
 
 use strata::gguf::{GgmlType, Gguf, GgufWriter, TensorInfo, Value};
 use strata::model::Config;
-use strata::tiers::{MemoryPlan, PlanError, PlanLimits};
+use strata::tiers::{
+    BudgetError, DEFAULT_VRAM_RESERVE, MemoryPlan, PlanError, PlanLimits, resolve_vram_budget,
+};
 
 const TINY: &str = "tests/fixtures/tiny/tiny-IQ3_S.gguf";
 
@@ -445,4 +447,35 @@ fn real_widths_big_tensors_split_under_lavapipe_limits() {
     }
     assert_eq!(plan.slots_per_buffer, (128 << 20) / 2_329_600);
     assert!(plan.buffer_count() > plan.dense.len() as u64);
+}
+
+#[test]
+fn the_budget_is_the_flag_or_free_memory_minus_the_reserve() {
+    assert_eq!(
+        resolve_vram_budget(Some(12 << 30), Some(1 << 30)),
+        Ok(12 << 30)
+    );
+    assert_eq!(
+        resolve_vram_budget(None, Some(24 << 30)),
+        Ok((24 << 30) - DEFAULT_VRAM_RESERVE)
+    );
+    assert_eq!(resolve_vram_budget(None, None), Err(BudgetError::Unknown));
+    assert_eq!(
+        resolve_vram_budget(None, Some(DEFAULT_VRAM_RESERVE)),
+        Err(BudgetError::TooLittleFree {
+            free: DEFAULT_VRAM_RESERVE,
+            reserve: DEFAULT_VRAM_RESERVE
+        })
+    );
+    assert!(
+        BudgetError::Unknown.to_string().contains("--vram-budget"),
+        "the error says what to do"
+    );
+}
+
+#[test]
+fn plan_sizes_feed_the_slot_cache() {
+    let plan =
+        MemoryPlan::compute(&tiny(), 64, big_budget(), &PlanLimits::default()).expect("plan");
+    assert_eq!(plan.expert_bytes_per_layer(), vec![34_944; 4]);
 }

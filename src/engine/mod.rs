@@ -6,6 +6,8 @@
 //! tokens up to it — never on how the tokens were split across `feed` calls, on other sequences, on
 //! timing, or on where a weight lives.
 
+pub mod generate;
+
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,4 +53,3 @@ pub trait Sequence: Send {
     /// A deep copy of the state (used by the prompt cache). Backends that cannot copy return None.
     fn fork(&self) -> Option<Box<dyn Sequence>>;
 }
-pub mod generate;

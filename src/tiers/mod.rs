@@ -21,7 +21,9 @@ pub use expert_cache::{
     ExpertCacheError, ExpertKey, ExpertProfile, ExpertSlotCache, SlotAssignment,
 };
 pub use host_experts::{ExpertSource, HostExperts, HostExpertsError};
-pub use plan::{MemoryPlan, PlanError, PlanLimits};
+pub use plan::{
+    BudgetError, DEFAULT_VRAM_RESERVE, MemoryPlan, PlanError, PlanLimits, resolve_vram_budget,
+};
 pub use ple_reader::{IoMode, PleReadError, PleReaderOptions, PleRowReader, PleTable};
 pub use size::{ByteSize, SizeError, format_size, parse_size};
 

@@ -19,6 +19,45 @@ use super::size::ByteSize;
 /// The PLE n-gram table: gathered by row on the host, never uploaded whole.
 pub const PLE_TABLE_TENSOR: &str = "per_layer_token_embd.weight";
 
+/// VRAM left free for the driver, the desktop and other processes when the budget comes from the
+/// adapter's free memory (the original engine's default `--vram-reserve-mib` was 700).
+pub const DEFAULT_VRAM_RESERVE: u64 = 700 << 20;
+
+/// Why no VRAM budget could be settled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error(
+        "the GPU does not report its free memory; pass --vram-budget SIZE (e.g. --vram-budget 12GiB)"
+    )]
+    Unknown,
+    #[error(
+        "the GPU reports only {} free, less than the {} reserve; pass --vram-budget SIZE to use it anyway",
+        ByteSize(*free), ByteSize(*reserve)
+    )]
+    TooLittleFree { free: u64, reserve: u64 },
+}
+
+/// The budget to plan with: `--vram-budget` when given (taken as is, the user knows their machine),
+/// otherwise what the adapter reports free minus [`DEFAULT_VRAM_RESERVE`]. wgpu 30 has no portable
+/// free-memory query, so `reported_free` comes from the backend when it can tell (e.g. Vulkan's
+/// memory-budget extension), and is `None` otherwise.
+pub fn resolve_vram_budget(
+    requested: Option<u64>,
+    reported_free: Option<u64>,
+) -> Result<u64, BudgetError> {
+    if let Some(budget) = requested {
+        return Ok(budget);
+    }
+    let free = reported_free.ok_or(BudgetError::Unknown)?;
+    match free.checked_sub(DEFAULT_VRAM_RESERVE) {
+        Some(budget) if budget > 0 => Ok(budget),
+        _ => Err(BudgetError::TooLittleFree {
+            free,
+            reserve: DEFAULT_VRAM_RESERVE,
+        }),
+    }
+}
+
 /// Device limits and engine choices the plan depends on. `Default` is safe everywhere (lavapipe's
 /// 128 MiB binding limit); the GPU backend passes the adapter's real limits.
 #[derive(Debug, Clone)]
@@ -359,6 +398,24 @@ impl MemoryPlan {
             host_expert_bytes,
             ple_table,
         })
+    }
+
+    /// Bytes of one expert per layer number (0 for layers without experts): the argument of
+    /// [`ExpertSlotCache::new`](super::ExpertSlotCache::new).
+    pub fn expert_bytes_per_layer(&self) -> Vec<u64> {
+        let n = self
+            .expert_layers
+            .iter()
+            .map(|l| l.layer as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut sizes = vec![0; n];
+        for layer in &self.expert_layers {
+            if let Some(size) = sizes.get_mut(layer.layer as usize) {
+                *size = layer.bytes_per_expert;
+            }
+        }
+        sizes
     }
 
     /// VRAM used by the expert slots.
