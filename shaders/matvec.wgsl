@@ -49,25 +49,53 @@ fn row_dot(row_byte: u32, x_base: u32, lane: u32, sg_size: u32) -> f32 {
     return subgroupAdd(acc);
 }
 
+// Up to TILE x vectors share each dequantized chunk (prefill reads every weight once per tile, not
+// once per token). Each vector still gets exactly the per-item sequence of `row_dot`: its own
+// chunk sums, added in chunk order, then one subgroupAdd - so its bits do not depend on the tile
+// it lands in or on how many vectors the dispatch has.
+const TILE: u32 = 4u;
+
+fn row_dot_tile(row_byte: u32, first_item: u32, n_items: u32, lane: u32, sg_size: u32) -> vec4<f32> {
+    let chunks = p.k / 32u;
+    let chunks_per_block = QK / 32u;
+    var acc = vec4<f32>(0.0);
+    for (var c = lane; c < chunks; c += sg_size) {
+        dequant_chunk(row_byte + (c / chunks_per_block) * BLOCK_BYTES, c % chunks_per_block);
+        for (var i = 0u; i < TILE; i++) {
+            if (i < n_items) {
+                let xb = p.x_offset + (first_item + i) * p.x_stride + c * 32u;
+                var s = 0.0;
+                for (var j = 0u; j < 32u; j++) {
+                    s = fma(wq[j], X[xb + j], s);
+                }
+                acc[i] += s;
+            }
+        }
+    }
+    return vec4<f32>(subgroupAdd(acc.x), subgroupAdd(acc.y), subgroupAdd(acc.z), subgroupAdd(acc.w));
+}
+
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
           @builtin(subgroup_id) sg_id: u32,
           @builtin(num_subgroups) n_sg: u32,
           @builtin(subgroup_invocation_id) lane: u32,
           @builtin(subgroup_size) sg_size: u32) {
-    let item = wg.y + wg.z * 65535u;
-    if (item >= p.items) {
+    let first_item = (wg.y + wg.z * 65535u) * TILE;
+    if (first_item >= p.items) {
         return;
     }
-    let x_base = p.x_offset + item * p.x_stride;
+    let n_items = min(TILE, p.items - first_item);
     for (var r = sg_id; r < ROWS_PER_WG; r += n_sg) {
         let row = wg.x * ROWS_PER_WG + r;
         if (row >= p.rows) {
             break;
         }
-        let v = row_dot(row * p.row_bytes, x_base, lane, sg_size);
+        let v = row_dot_tile(row * p.row_bytes, first_item, n_items, lane, sg_size);
         if (lane == 0u) {
-            Y[item * p.y_stride + p.y_offset + row] = v;
+            for (var i = 0u; i < n_items; i++) {
+                Y[(first_item + i) * p.y_stride + p.y_offset + row] = v[i];
+            }
         }
     }
 }

@@ -89,6 +89,12 @@ fn every_expert_matches_its_gguf_slices_from_mmap_and_ram() {
 }
 
 #[test]
+fn the_host_tier_can_be_shared_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<HostExperts>();
+}
+
+#[test]
 fn a_ram_copy_over_budget_is_refused() {
     let gguf = Arc::new(Gguf::open(FIXTURES[0]).expect("fixture"));
     let err = HostExperts::new(

@@ -483,3 +483,65 @@ fn bad_requests_are_errors() {
     odd.row_bytes = 91;
     assert!(PleRowReader::open(odd, options(IoMode::Read, 0)).is_err());
 }
+
+#[test]
+fn dequantized_gathers_equal_dequantized_file_bytes() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<PleRowReader>();
+
+    let file = TempFile::new("ple-f32");
+    let n_rows = 10_000;
+    let table = PleTable {
+        path: file.0.clone(),
+        offset: 77,
+        row_bytes: 170,
+        n_rows,
+        ty: GgmlType::Q8_0,
+    };
+    File::create(&file.0)
+        .and_then(|f| f.set_len(77 + n_rows * 170))
+        .expect("file");
+    let rows: Vec<u64> = (0..32).map(|i| (i * 313) % n_rows).collect();
+    write_rows(&file.0, &table, &rows);
+    let reader = PleRowReader::open(table.clone(), options(IoMode::Read, 0)).expect("open");
+    let mut raw = Vec::new();
+    let mut out = vec![1.5f32];
+    reader
+        .gather_dequantized(&rows, &[4, 5], &mut raw, &mut out)
+        .expect("gather");
+    let bytes = pread_rows(&table, &rows);
+    let mut want = vec![0f32; 32 * 160];
+    quant::dequantize(GgmlType::Q8_0, &bytes, &mut want).expect("dequantize");
+    assert_eq!(out[0], 1.5);
+    assert_eq!(out[1..].len(), want.len());
+    assert!(
+        out[1..]
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
+    assert!(want.iter().any(|&v| v != 0.0));
+}
+
+#[test]
+fn the_tiny_fixture_table_reads_back_exactly() {
+    let gguf = Gguf::open("tests/fixtures/tiny/tiny-IQ3_S.gguf").expect("fixture");
+    let tensor = gguf
+        .tensor("per_layer_token_embd.weight")
+        .expect("PLE table");
+    let data = gguf.tensor_data(tensor);
+    let rows: Vec<u64> = (0..tensor.n_rows()).rev().collect();
+    for mode in [IoMode::Mmap, IoMode::Read] {
+        let reader = PleRowReader::open_gguf(&gguf, options(mode, 1000)).expect("open");
+        assert_eq!((reader.n_rows(), reader.row_bytes()), (8320, 18));
+        let mut staging = Vec::new();
+        let positions: Vec<usize> = (0..rows.len()).collect();
+        reader
+            .gather(&rows, &positions, &mut staging)
+            .expect("gather");
+        for (i, &row) in rows.iter().enumerate() {
+            let r = row as usize;
+            assert_eq!(&staging[i * 18..(i + 1) * 18], &data[r * 18..(r + 1) * 18]);
+        }
+    }
+}

@@ -13,8 +13,9 @@ fn iq4_value(q: u32) -> f32 {
 
 fn dequant_chunk(block: u32, sub: u32) {
     let d = w_f16(block);
+    let qs = w_load16(block + 2u);
     for (var j = 0u; j < 16u; j++) {
-        let q = w_u8(block + 2u + j);
+        let q = byte_of(qs, j);
         wq[j] = d * iq4_value(q & 0xfu);
         wq[j + 16u] = d * iq4_value(q >> 4u);
     }

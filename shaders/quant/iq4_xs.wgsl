@@ -17,9 +17,9 @@ fn dequant_chunk(block: u32, sub: u32) {
     let low = (w_u8(block + 4u + sub / 2u) >> (4u * (sub % 2u))) & 0xfu;
     let high = (scales_h >> (2u * sub)) & 3u;
     let dl = d * (f32(low | (high << 4u)) - 32.0);
-    let qs = block + 8u + 16u * sub;
+    let qs = w_load16(block + 8u + 16u * sub);
     for (var j = 0u; j < 16u; j++) {
-        let q = w_u8(qs + j);
+        let q = byte_of(qs, j);
         wq[j] = dl * iq4_value(q & 0xfu);
         wq[j + 16u] = dl * iq4_value(q >> 4u);
     }

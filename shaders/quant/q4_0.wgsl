@@ -4,8 +4,9 @@ const BLOCK_BYTES: u32 = 18u;
 
 fn dequant_chunk(block: u32, sub: u32) {
     let d = w_f16(block);
+    let qs = w_load16(block + 2u);
     for (var j = 0u; j < 16u; j++) {
-        let q = w_u8(block + 2u + j);
+        let q = byte_of(qs, j);
         wq[j] = d * (f32(q & 0xfu) - 8.0);
         wq[j + 16u] = d * (f32(q >> 4u) - 8.0);
     }

@@ -20,7 +20,10 @@ fn dequant_chunk(block: u32, sub: u32) {
     let ml = dmin * sm.y;
     let qs = block + 16u + 32u * (sub / 2u);
     let shift = 4u * (sub % 2u);
-    for (var l = 0u; l < 32u; l++) {
-        wq[l] = dl * f32((w_u8(qs + l) >> shift) & 0xfu) - ml;
+    let q0 = w_load16(qs);
+    let q1 = w_load16(qs + 16u);
+    for (var l = 0u; l < 16u; l++) {
+        wq[l] = dl * f32((byte_of(q0, l) >> shift) & 0xfu) - ml;
+        wq[l + 16u] = dl * f32((byte_of(q1, l) >> shift) & 0xfu) - ml;
     }
 }

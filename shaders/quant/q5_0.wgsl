@@ -5,8 +5,9 @@ const BLOCK_BYTES: u32 = 22u;
 fn dequant_chunk(block: u32, sub: u32) {
     let d = w_f16(block);
     let qh = w_u32(block + 2u);
+    let qs = w_load16(block + 6u);
     for (var j = 0u; j < 16u; j++) {
-        let q = w_u8(block + 6u + j);
+        let q = byte_of(qs, j);
         let h0 = ((qh >> j) & 1u) << 4u;
         let h1 = ((qh >> (j + 16u)) & 1u) << 4u;
         wq[j] = d * (f32((q & 0xfu) | h0) - 16.0);

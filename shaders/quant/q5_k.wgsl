@@ -20,8 +20,14 @@ fn dequant_chunk(block: u32, sub: u32) {
     let qh = block + 16u;
     let qs = block + 48u + 32u * (sub / 2u);
     let shift = 4u * (sub % 2u);
-    for (var l = 0u; l < 32u; l++) {
-        let q = ((w_u8(qs + l) >> shift) & 0xfu) | (((w_u8(qh + l) >> sub) & 1u) << 4u);
-        wq[l] = dl * f32(q) - ml;
+    let q0 = w_load16(qs);
+    let q1 = w_load16(qs + 16u);
+    let h0 = w_load16(qh);
+    let h1 = w_load16(qh + 16u);
+    for (var l = 0u; l < 16u; l++) {
+        let a = ((byte_of(q0, l) >> shift) & 0xfu) | (((byte_of(h0, l) >> sub) & 1u) << 4u);
+        let b = ((byte_of(q1, l) >> shift) & 0xfu) | (((byte_of(h1, l) >> sub) & 1u) << 4u);
+        wq[l] = dl * f32(a) - ml;
+        wq[l + 16u] = dl * f32(b) - ml;
     }
 }

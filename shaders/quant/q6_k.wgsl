@@ -9,10 +9,16 @@ fn dequant_chunk(block: u32, sub: u32) {
     let ql = block + 64u * half + 32u * (k & 1u);
     let qh = block + 128u + 32u * half;
     let nibble_shift = 4u * (k / 2u);
-    for (var l = 0u; l < 32u; l++) {
-        let lo = (w_u8(ql + l) >> nibble_shift) & 0xfu;
-        let hi = (w_u8(qh + l) >> (2u * k)) & 3u;
-        let sc = f32(w_i8(block + 192u + 8u * half + l / 16u + 2u * k));
-        wq[l] = d * sc * f32(i32(lo | (hi << 4u)) - 32);
+    let l0 = w_load16(ql);
+    let l1 = w_load16(ql + 16u);
+    let h0 = w_load16(qh);
+    let h1 = w_load16(qh + 16u);
+    let sc0 = f32(w_i8(block + 192u + 8u * half + 2u * k));
+    let sc1 = f32(w_i8(block + 193u + 8u * half + 2u * k));
+    for (var l = 0u; l < 16u; l++) {
+        let a = ((byte_of(l0, l) >> nibble_shift) & 0xfu) | (((byte_of(h0, l) >> (2u * k)) & 3u) << 4u);
+        let b = ((byte_of(l1, l) >> nibble_shift) & 0xfu) | (((byte_of(h1, l) >> (2u * k)) & 3u) << 4u);
+        wq[l] = d * sc0 * f32(i32(a) - 32);
+        wq[l + 16u] = d * sc1 * f32(i32(b) - 32);
     }
 }

@@ -4,7 +4,10 @@ const BLOCK_BYTES: u32 = 34u;
 
 fn dequant_chunk(block: u32, sub: u32) {
     let d = w_f16(block);
-    for (var j = 0u; j < 32u; j++) {
-        wq[j] = d * f32(w_i8(block + 2u + j));
+    let lo = w_load16(block + 2u);
+    let hi = w_load16(block + 18u);
+    for (var j = 0u; j < 16u; j++) {
+        wq[j] = d * f32(sbyte_of(lo, j));
+        wq[j + 16u] = d * f32(sbyte_of(hi, j));
     }
 }

@@ -238,6 +238,7 @@ struct MatvecParams {
 }
 
 const MATVEC_ROWS_PER_WG: usize = 8;
+const MATVEC_TILE: usize = 4;
 const MAX_GRID: usize = 65535;
 
 /// Split `items` over grid y (and z beyond 65535).
@@ -305,7 +306,8 @@ pub fn matvec(
     x.check(items, w.row_len, &format!("matvec {} input", w.name))?;
     y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
     let key = grid_key("matvec", w.ty, "matvec");
-    let (gy, gz) = item_grid(items);
+    // The plain mat-vec handles MATVEC_TILE vectors per workgroup row (shaders/matvec.wgsl).
+    let (gy, gz) = item_grid(items.div_ceil(MATVEC_TILE));
     for part in &w.parts {
         let params = MatvecParams {
             rows: to_u32(part.n_rows, "rows")?,

@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
+use tower_http::cors::CorsLayer;
 
 use crate::chat::ChatTemplate;
 use crate::engine::Backend;
@@ -198,6 +199,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(metrics_handler))
+        .layer(axum::middleware::from_fn(require_json_content_type))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -211,7 +213,48 @@ pub fn router(state: AppState) -> Router {
             record_request,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Outermost, so browser preflights (which carry no API key) are answered before auth, and
+        // every answer, errors included, carries the CORS headers browser chat UIs need.
+        .layer(CorsLayer::permissive())
         .with_state(state)
+}
+
+/// Whether a `Content-Type` value names JSON (`application/json`, `…+json`, any parameters).
+fn is_json_content_type(value: &str) -> bool {
+    let mime = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match mime.split_once('/') {
+        Some((_, subtype)) => subtype == "json" || subtype.ends_with("+json"),
+        None => false,
+    }
+}
+
+/// Bodies are JSON: a request that declares another type (a form, plain text) gets 415 with a
+/// hint, rather than having its bytes guessed at. A request without a Content-Type is read as
+/// JSON, as the reference servers do.
+async fn require_json_content_type(request: Request, next: Next) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let declared = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    match declared {
+        Some(content_type) if !is_json_content_type(&content_type) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "the request body must be JSON sent with `Content-Type: application/json`, not {content_type:?} (with curl, add -H 'Content-Type: application/json')"
+            ),
+        )
+        .with_flavor(flavor_for_path(request.uri().path()))
+        .into_response(),
+        _ => next.run(request).await,
+    }
 }
 
 /// Serve on an already-bound listener until the process ends.
@@ -351,25 +394,56 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
                 .with_flavor(flavor),
         );
     }
-    let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
-    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+    // Parse in two steps: syntax first (errors with line and column), then the shape, so a body
+    // that is valid JSON but not an object is told so instead of getting a field-level riddle.
+    let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}")).with_flavor(flavor)
+    })?;
+    if !json.is_object() {
+        return Err(ApiError::bad_request(format!(
+            "the request body must be a JSON object, got {}",
+            json_kind(&json)
+        ))
+        .with_flavor(flavor));
+    }
+    let value: T = serde_path_to_error::deserialize(json).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        match inner.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                ApiError::bad_request(format!("the request body is not valid JSON: {inner}"))
-            }
-            // The path is "." when the problem is at the top level (e.g. a missing field).
-            _ if path == "." => ApiError::bad_request(format!("invalid request: {inner}")),
-            _ => ApiError::invalid_param(&path, format!("invalid value for `{path}`: {inner}")),
+        let message = plain_type_names(&e.into_inner().to_string());
+        // The path is "." when the problem is at the top level (e.g. a missing field).
+        if path == "." {
+            ApiError::bad_request(format!("invalid request: {message}"))
+        } else {
+            ApiError::invalid_param(&path, format!("invalid value for `{path}`: {message}"))
         }
         .with_flavor(flavor)
     })?;
-    deserializer.end().map_err(|e| {
-        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
-            .with_flavor(flavor)
-    })?;
     Ok(value)
+}
+
+/// "an array", "a string", … for error messages.
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// serde names Rust types ("expected i64"); clients know JSON ones.
+fn plain_type_names(message: &str) -> String {
+    [
+        ("expected i64", "expected an integer"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+        ("expected a sequence", "expected an array"),
+        ("expected a map", "expected an object"),
+    ]
+    .iter()
+    .fold(message.to_string(), |m, (from, to)| m.replace(from, to))
 }
 
 // ---------------------------------------------------------------------------------------------

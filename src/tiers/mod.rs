@@ -9,6 +9,11 @@
 //! * [`expert_cache`]: which expert sits in which VRAM slot (deterministic LRU, pinning, profile).
 //! * [`host_experts`]: every expert's bytes from the mmap (default) or a RAM copy.
 //! * [`ple_reader`]: checked, cached row gathers from the PLE table by mmap or positioned reads.
+//! * [`layout`]: where each routed expert's gate/up/down slices are in the file (shared by the
+//!   planner and the host tier).
+//!
+//! Nothing here touches the GPU: the planner decides sizes, the slot cache decides placement, the
+//! GPU backend allocates and uploads accordingly.
 
 pub mod expert_cache;
 pub mod host_experts;
@@ -100,5 +105,55 @@ impl TierArgs {
             cache_rows: self.ple_row_cache,
             verify_reads: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        tiers: TierArgs,
+    }
+
+    #[test]
+    fn tier_flags_parse_with_sizes_and_defaults() {
+        let cli = Cli::try_parse_from([
+            "strata",
+            "--vram-budget",
+            "12GiB",
+            "--ram-budget",
+            "32GB",
+            "--experts",
+            "ram-locked",
+            "--ple-io",
+            "read",
+            "--expert-profile",
+            "hot.txt",
+        ])
+        .expect("parse");
+        let t = cli.tiers;
+        assert_eq!(t.vram_budget, Some(12 << 30));
+        assert_eq!(t.ram_budget, Some(32_000_000_000));
+        assert_eq!(t.experts.source(), ExpertSource::Ram { locked: true });
+        assert_eq!(t.ple_io, IoMode::Read);
+        assert_eq!(t.expert_profile, Some(PathBuf::from("hot.txt")));
+
+        let defaults = Cli::try_parse_from(["strata"]).expect("parse").tiers;
+        let expected = TierArgs::default();
+        assert_eq!(defaults.vram_budget, expected.vram_budget);
+        assert_eq!(defaults.experts, ExpertsArg::Mmap);
+        assert_eq!(defaults.ple_io, IoMode::Mmap);
+        assert_eq!(defaults.ple_row_cache, expected.ple_row_cache);
+        assert_eq!(defaults.ple_reader_options(), PleReaderOptions::default());
+
+        let err = Cli::try_parse_from(["strata", "--vram-budget", "12 parsecs"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("parsecs"), "{err}");
     }
 }

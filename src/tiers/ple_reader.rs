@@ -431,6 +431,32 @@ impl PleRowReader {
         result
     }
 
+    /// [`gather`](Self::gather), then dequantize: appends `rows.len() × values_per_row` f32 values
+    /// to `out` (the rows of a token concatenated = its PLE embedding, head 0 first). `raw` is a
+    /// reusable scratch buffer for the row bytes (overwritten); `out` is left as it was on error.
+    pub fn gather_dequantized(
+        &self,
+        rows: &[u64],
+        positions: &[usize],
+        raw: &mut Vec<u8>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), PleReadError> {
+        raw.clear();
+        self.gather(rows, positions, raw)?;
+        let values_per_row =
+            self.table.row_bytes / self.table.ty.type_size() * self.table.ty.block_size();
+        let start = out.len();
+        out.resize(start + rows.len() * values_per_row, 0.0);
+        quant::dequantize(self.table.ty, raw, &mut out[start..]).map_err(|error| {
+            out.truncate(start);
+            PleReadError::Quant {
+                row: rows.first().copied().unwrap_or(0),
+                position: positions.first().copied().unwrap_or(0),
+                error,
+            }
+        })
+    }
+
     fn fill(
         &self,
         rows: &[u64],
