@@ -32,9 +32,17 @@ pub struct Args {
     /// (a random model of the real widths) is not implemented yet.
     #[arg(long)]
     pub synthetic: Option<String>,
-    /// Quant types for `--synthetic matvec` (comma-separated, default: all GPU types).
+    /// Quant types for `--synthetic matvec` (comma-separated, default: all GPU types); for
+    /// `--synthetic full` the type of the large matrices (default IQ3_S; rows whose width is not a
+    /// multiple of its block use IQ4_NL, as in the published files).
     #[arg(long)]
     pub quant: Option<String>,
+    /// `--synthetic full`: number of layers (the real model has 48; every 4th is attention).
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// `--synthetic full`: routed experts per layer (the real model has 512; fewer for a quick run).
+    #[arg(long, default_value_t = 512)]
+    pub experts: usize,
     /// cpu or gpu.
     #[arg(long, value_enum, default_value = "gpu")]
     pub backend: BackendChoice,
@@ -55,12 +63,12 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let report = match args.synthetic.as_deref() {
         Some("matvec") => bench_matvec(&args)?,
-        Some("full") => anyhow::bail!(
-            "`--synthetic full` (random model of the real widths) is not implemented yet; use \
-             `--synthetic matvec` or `--model PATH`"
-        ),
+        Some("full") => {
+            let gguf = synthetic_full(&args)?;
+            bench_model(&args, Some(Arc::new(gguf)))?
+        }
         Some(other) => anyhow::bail!("unknown synthetic benchmark {other:?} (expected matvec)"),
-        None => bench_model(&args)?,
+        None => bench_model(&args, None)?,
     };
     let text = serde_json::to_string_pretty(&report)?;
     println!("{text}");
@@ -279,7 +287,10 @@ fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn bench_model(args: &Args) -> anyhow::Result<serde_json::Value> {
+fn bench_model(
+    args: &Args,
+    synthetic: Option<Arc<crate::gguf::Gguf>>,
+) -> anyhow::Result<serde_json::Value> {
     let lengths: Vec<usize> = args
         .prefill
         .split(',')
@@ -291,7 +302,10 @@ fn bench_model(args: &Args) -> anyhow::Result<serde_json::Value> {
         .collect::<anyhow::Result<_>>()?;
     let longest = lengths.iter().copied().max().unwrap_or(1);
     let shortest = lengths.iter().copied().min().unwrap_or(1).max(1);
-    let gguf = open_gguf(args.model.as_deref())?;
+    let gguf = match synthetic {
+        Some(g) => g,
+        None => open_gguf(args.model.as_deref())?,
+    };
     let model_ctx = crate::model::config::Config::from_gguf(&gguf)?.context_length;
     let ctx_len = if args.ctx == 0 {
         (longest.max(shortest + args.decode) + 1).min(model_ctx)
@@ -402,4 +416,334 @@ fn bench_model(args: &Args) -> anyhow::Result<serde_json::Value> {
         "fraction_of_streaming_read": achieved.zip(read_gbps).map(|(a, r)| a / r),
         "decode_step_kernels": kernels,
     }))
+}
+
+/// A random-weight model with the real widths of Qwen3.8-Flash-Next (model-spec §1), built in
+/// memory: `--layers` layers, `--experts` routed experts, large matrices in `--quant`. The PLE
+/// table keeps the real row width but small hash tables (it lives on the host and is only gathered).
+fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
+    use crate::gguf::Value;
+    use crate::gguf::writer::GgufWriter;
+
+    let quant = match &args.quant {
+        Some(n) => {
+            GgmlType::from_name(n.trim()).with_context(|| format!("unknown quant type {n:?}"))?
+        }
+        None => GgmlType::IQ3_S,
+    };
+    if !crate::gpu::shaders::supports(quant) {
+        anyhow::bail!("no GPU kernel for {}", quant.name());
+    }
+    let layers = args.layers.max(1);
+    let experts = args.experts.max(10);
+    let (h, hc, low, vocab) = (2560usize, 4usize, 320usize, 248320usize);
+    let (n_head, n_kv, hd) = (24usize, 2usize, 256usize);
+    let (nk, nv, dk, dv, conv) = (16usize, 48usize, 128usize, 128usize, 4usize);
+    let (ff, shared_ff, used) = (640usize, 640usize, 10usize);
+    let (idx_heads, idx_dim) = (4usize, 128usize);
+    let (ple_heads, ple_dim) = (16usize, 160usize);
+    let wide = h * hc;
+    let channels = 2 * nk * dk + nv * dv;
+    let is_attention = |i: usize| (i + 1) % 4 == 0;
+    let arch = |k: &str| format!("qwen4exp.{k}");
+    let u32v = |v: usize| Value::U32(v as u32);
+
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", Value::String("qwen4exp".into()));
+    w.add_metadata(
+        "general.name",
+        Value::String(format!("synthetic qwen4exp {layers}L {}", quant.name())),
+    );
+    for (k, v) in [
+        ("block_count", layers),
+        ("context_length", 262144),
+        ("embedding_length", h),
+        ("vocab_size", vocab),
+        ("attention.head_count", n_head),
+        ("attention.head_count_kv", n_kv),
+        ("attention.key_length", hd),
+        ("attention.value_length", hd),
+        ("expert_count", experts),
+        ("expert_used_count", used),
+        ("expert_feed_forward_length", ff),
+        ("expert_shared_feed_forward_length", shared_ff),
+        ("ssm.conv_kernel", conv),
+        ("ssm.state_size", dk),
+        ("ssm.group_count", nk),
+        ("ssm.time_step_rank", nv),
+        ("ssm.inner_size", nv * dv),
+        ("full_attention_interval", 4),
+        ("rope.dimension_count", 64),
+        ("hyper_connection.count", hc),
+        ("hyper_connection.low_rank", low),
+        ("attention.indexer.head_count", idx_heads),
+        ("attention.indexer.key_length", idx_dim),
+        ("attention.indexer.top_k", 2048),
+        ("ple.ngram_size", 3),
+        ("ple.heads_per_ngram", 8),
+        ("ple.conv_kernel", 4),
+        ("ple.eos_token_id", 248044),
+        ("embedding_length_per_layer_input", ple_dim),
+    ] {
+        w.add_metadata(arch(k), u32v(v));
+    }
+    w.add_metadata(arch("rope.freq_base"), Value::F32(1e7));
+    w.add_metadata(arch("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
+    w.add_metadata(
+        arch("rope.dimension_sections"),
+        Value::Array([11, 11, 10, 0].map(Value::I32).to_vec()),
+    );
+    w.add_metadata(
+        arch("attention.recurrent_layers"),
+        Value::Array((0..layers).map(|i| Value::Bool(!is_attention(i))).collect()),
+    );
+    w.add_metadata(
+        arch("attention.compress_ratios"),
+        Value::Array(
+            (0..layers)
+                .map(|i| Value::I32(if is_attention(i) { 4 } else { 0 }))
+                .collect(),
+        ),
+    );
+    let ple_layer = (layers > 1).then_some(1usize);
+    let head_sizes: Vec<u64> = (0..ple_heads as u64).map(|i| 1009 + 2 * i).collect();
+    let offsets: Vec<u64> = head_sizes
+        .iter()
+        .scan(0u64, |acc, s| Some(std::mem::replace(acc, *acc + s)))
+        .collect();
+    let ple_rows = (head_sizes.iter().sum::<u64>() as usize).div_ceil(128) * 128;
+    if let Some(l) = ple_layer {
+        w.add_metadata(arch("ple.layers"), Value::Array(vec![Value::I32(l as i32)]));
+        w.add_metadata(
+            arch("ple.layer_multipliers"),
+            Value::Array(
+                [23703573157769u64, 20109073645365, 8052911324071]
+                    .map(Value::U64)
+                    .to_vec(),
+            ),
+        );
+        w.add_metadata(
+            arch("ple.head_offsets"),
+            Value::Array(offsets.iter().map(|&v| Value::U64(v)).collect()),
+        );
+        w.add_metadata(
+            arch("ple.head_vocab_sizes"),
+            Value::Array(head_sizes.iter().map(|&v| Value::U64(v)).collect()),
+        );
+    } else {
+        w.add_metadata(arch("ple.layers"), Value::Array(Vec::new()));
+    }
+
+    let mut seed = 1u64;
+    let mut next_seed = || {
+        seed += 1;
+        seed
+    };
+    // A matrix of `rows` x `cols` (ne = [cols, rows, extra...]) in `quant`, or IQ4_NL when the
+    // row width does not fit the quant's block.
+    let mut matrix = |w: &mut GgufWriter, name: &str, dims: &[usize]| -> anyhow::Result<()> {
+        let cols = dims[0];
+        let ty = if cols % quant.block_size() == 0 {
+            quant
+        } else {
+            GgmlType::IQ4_NL
+        };
+        let n: usize = dims.iter().product();
+        let bytes = crate::quant::random_blocks(ty, n / ty.block_size(), next_seed());
+        let ne: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        w.add_tensor(name, &ne, ty, bytes)?;
+        Ok(())
+    };
+    let vector = |w: &mut GgufWriter,
+                  name: &str,
+                  dims: &[usize],
+                  around: f32,
+                  spread: f32,
+                  seed: u64|
+     -> anyhow::Result<()> {
+        let n: usize = dims.iter().product();
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                around + spread * (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+            })
+            .collect();
+        let ne: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        w.add_tensor(
+            name,
+            &ne,
+            GgmlType::F32,
+            bytemuck::cast_slice::<f32, u8>(&values).to_vec(),
+        )?;
+        Ok(())
+    };
+
+    matrix(&mut w, "token_embd.weight", &[h, vocab])?;
+    matrix(&mut w, "output.weight", &[h, vocab])?;
+    let hc_module =
+        |w: &mut GgufWriter,
+         matrix: &mut dyn FnMut(&mut GgufWriter, &str, &[usize]) -> anyhow::Result<()>,
+         p: &str,
+         inject: bool,
+         seed: u64|
+         -> anyhow::Result<()> {
+            vector(w, &format!("{p}_norm.weight"), &[wide], 1.0, 0.1, seed)?;
+            matrix(w, &format!("{p}_down.weight"), &[wide, low])?;
+            matrix(w, &format!("{p}_up.weight"), &[low, wide])?;
+            if inject {
+                matrix(w, &format!("{p}_inject.weight"), &[wide, hc])?;
+            }
+            Ok(())
+        };
+    hc_module(&mut w, &mut matrix, "output_hc", false, 7)?;
+    if ple_layer.is_some() {
+        let bytes = crate::quant::random_blocks(GgmlType::IQ4_NL, ple_rows * ple_dim / 32, 99);
+        w.add_tensor(
+            "per_layer_token_embd.weight",
+            &[ple_dim as u64, ple_rows as u64],
+            GgmlType::IQ4_NL,
+            bytes,
+        )?;
+    }
+    for i in 0..layers {
+        let p = format!("blk.{i}.");
+        let s = 1000 * (i as u64 + 1);
+        hc_module(&mut w, &mut matrix, &format!("{p}hc_attn"), true, s + 1)?;
+        hc_module(&mut w, &mut matrix, &format!("{p}hc_ffn"), true, s + 2)?;
+        if Some(i) == ple_layer {
+            matrix(
+                &mut w,
+                &format!("{p}ple_key.weight"),
+                &[ple_heads * ple_dim, wide],
+            )?;
+            matrix(
+                &mut w,
+                &format!("{p}ple_value.weight"),
+                &[ple_heads * ple_dim, h],
+            )?;
+            for (n, k) in ["ple_norm_key", "ple_norm_query", "ple_norm_conv"]
+                .iter()
+                .zip(3..)
+            {
+                vector(&mut w, &format!("{p}{n}.weight"), &[wide], 1.0, 0.1, s + k)?;
+            }
+            vector(
+                &mut w,
+                &format!("{p}ple_conv1d.weight"),
+                &[4, wide],
+                0.0,
+                0.5,
+                s + 6,
+            )?;
+        }
+        if is_attention(i) {
+            matrix(&mut w, &format!("{p}attn_q.weight"), &[h, 2 * n_head * hd])?;
+            matrix(&mut w, &format!("{p}attn_k.weight"), &[h, n_kv * hd])?;
+            matrix(&mut w, &format!("{p}attn_v.weight"), &[h, n_kv * hd])?;
+            matrix(&mut w, &format!("{p}attn_output.weight"), &[n_head * hd, h])?;
+            vector(
+                &mut w,
+                &format!("{p}attn_q_norm.weight"),
+                &[hd],
+                1.0,
+                0.1,
+                s + 7,
+            )?;
+            vector(
+                &mut w,
+                &format!("{p}attn_k_norm.weight"),
+                &[hd],
+                1.0,
+                0.1,
+                s + 8,
+            )?;
+            matrix(
+                &mut w,
+                &format!("{p}indexer.q_proj.weight"),
+                &[h, idx_heads * idx_dim],
+            )?;
+            matrix(&mut w, &format!("{p}indexer.k_proj.weight"), &[h, idx_dim])?;
+            vector(
+                &mut w,
+                &format!("{p}indexer.q_norm.weight"),
+                &[idx_dim],
+                1.0,
+                0.1,
+                s + 9,
+            )?;
+            vector(
+                &mut w,
+                &format!("{p}indexer.k_norm.weight"),
+                &[idx_dim],
+                1.0,
+                0.1,
+                s + 10,
+            )?;
+        } else {
+            matrix(&mut w, &format!("{p}attn_qkv.weight"), &[h, channels])?;
+            matrix(&mut w, &format!("{p}attn_gate.weight"), &[h, nv * dv])?;
+            matrix(&mut w, &format!("{p}ssm_beta.weight"), &[h, nv])?;
+            matrix(&mut w, &format!("{p}ssm_alpha.weight"), &[h, nv])?;
+            vector(&mut w, &format!("{p}ssm_dt.bias"), &[nv], 0.5, 0.5, s + 11)?;
+            vector(&mut w, &format!("{p}ssm_a"), &[nv], -1.0, 0.5, s + 12)?;
+            vector(
+                &mut w,
+                &format!("{p}ssm_conv1d.weight"),
+                &[conv, channels],
+                0.0,
+                0.5,
+                s + 13,
+            )?;
+            vector(
+                &mut w,
+                &format!("{p}ssm_norm.weight"),
+                &[dv],
+                1.0,
+                0.1,
+                s + 14,
+            )?;
+            matrix(&mut w, &format!("{p}ssm_out.weight"), &[nv * dv, h])?;
+        }
+        matrix(&mut w, &format!("{p}ffn_gate_inp.weight"), &[h, experts])?;
+        matrix(
+            &mut w,
+            &format!("{p}ffn_gate_exps.weight"),
+            &[h, ff, experts],
+        )?;
+        matrix(&mut w, &format!("{p}ffn_up_exps.weight"), &[h, ff, experts])?;
+        matrix(
+            &mut w,
+            &format!("{p}ffn_down_exps.weight"),
+            &[ff, h, experts],
+        )?;
+        vector(
+            &mut w,
+            &format!("{p}ffn_gate_inp_shexp.weight"),
+            &[h],
+            0.0,
+            0.05,
+            s + 15,
+        )?;
+        matrix(
+            &mut w,
+            &format!("{p}ffn_gate_shexp.weight"),
+            &[h, shared_ff],
+        )?;
+        matrix(&mut w, &format!("{p}ffn_up_shexp.weight"), &[h, shared_ff])?;
+        matrix(
+            &mut w,
+            &format!("{p}ffn_down_shexp.weight"),
+            &[shared_ff, h],
+        )?;
+    }
+    let bytes = w.to_bytes();
+    eprintln!(
+        "synthetic model: {layers} layers, {experts} experts, {} ({:.2} GB)",
+        quant.name(),
+        bytes.len() as f64 / 1e9
+    );
+    Ok(crate::gguf::Gguf::from_vec("synthetic", bytes)?)
 }

@@ -10,7 +10,21 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// GGUF file; for a split model, the first shard (the others are found next to it).
-    pub path: PathBuf,
+    #[arg(required_unless_present = "gpus")]
+    pub path: Option<PathBuf>,
+    /// List the GPU adapters strata can see (index for `--adapter N`, type, driver, limits) and exit.
+    #[arg(long)]
+    pub gpus: bool,
+    /// Print the memory plan for this model without loading it: dense weights, KV cache and work
+    /// buffers in VRAM, then how many expert slots fit in `--vram-budget`.
+    #[arg(long)]
+    pub plan: bool,
+    /// VRAM budget for `--plan` (e.g. `12GiB`, `800MiB`).
+    #[arg(long, value_name = "SIZE", default_value = "12GiB", value_parser = crate::tiers::parse_size)]
+    pub vram_budget: u64,
+    /// Context length (tokens per sequence) the `--plan` KV cache is sized for.
+    #[arg(long, default_value_t = 8192)]
+    pub ctx: usize,
     /// Print one machine-readable JSON document (metadata values in full).
     #[arg(long)]
     pub json: bool,
@@ -31,7 +45,23 @@ const MAX_STRING_CHARS: usize = 80;
 const MAX_ARRAY_ITEMS: usize = 8;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let gguf = Gguf::open(&args.path)?;
+    if args.gpus {
+        return write_stdout(&gpu_report());
+    }
+    let Some(path) = args.path.as_ref() else {
+        anyhow::bail!("inspect needs a GGUF path (or --gpus)");
+    };
+    let gguf = Gguf::open(path)?;
+    if args.plan {
+        let plan = crate::tiers::MemoryPlan::compute(
+            &gguf,
+            args.ctx,
+            args.vram_budget,
+            &crate::tiers::PlanLimits::default(),
+        )
+        .with_context(|| format!("planning {} for a VRAM budget", path.display()))?;
+        return write_stdout(&format!("{plan}\n"));
+    }
     let tensor_filter = |t: &&TensorInfo| {
         !args.no_tensors
             && args
@@ -55,6 +85,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         text_report(&gguf, &listed, args.full, &config_text)
     };
+    write_stdout(&text)
+}
+
+fn write_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(text.as_bytes()) {
@@ -327,4 +361,42 @@ fn json_report(
         "types": types,
         "config": config,
     })
+}
+
+/// `strata inspect --gpus`: every adapter wgpu finds on the Vulkan backend, with what strata needs.
+fn gpu_report() -> String {
+    let adapters = crate::gpu::list_adapters();
+    if adapters.is_empty() {
+        return "no Vulkan adapter found (install a Vulkan driver; on a CPU-only machine \
+                `apt-get install mesa-vulkan-drivers libvulkan1` gives the lavapipe software adapter)\n"
+            .to_string();
+    }
+    let mut out = String::new();
+    for a in adapters {
+        let _ = writeln!(
+            out,
+            "[{}] {} ({}, {}) driver {} {}\n    subgroups {} (size {}..{}), f16 {}, timestamps {}, \
+             max buffer {}, max binding {}, storage buffers/stage {}, workgroup storage {}",
+            a.index,
+            a.name,
+            a.device_type,
+            a.backend,
+            a.driver,
+            a.driver_info,
+            if a.has_subgroups {
+                "yes"
+            } else {
+                "NO (unusable)"
+            },
+            a.subgroup_min_size,
+            a.subgroup_max_size,
+            a.has_f16,
+            a.has_timestamps,
+            human_bytes(a.max_buffer_size),
+            human_bytes(a.max_storage_buffer_binding_size),
+            a.max_storage_buffers_per_shader_stage,
+            human_bytes(a.max_compute_workgroup_storage_size as u64),
+        );
+    }
+    out
 }

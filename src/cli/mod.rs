@@ -13,7 +13,11 @@ pub mod serve;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "strata", version, about = "Inference engine and server for Qwen3.8-Flash-Next GGUF models (wgpu + CPU reference)")]
+#[command(
+    name = "strata",
+    version,
+    about = "Inference engine and server for Qwen3.8-Flash-Next GGUF models (wgpu + CPU reference)"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -37,6 +41,7 @@ pub enum Command {
 
 /// Entry point used by `main`; returns the process exit code.
 pub fn main() -> i32 {
+    quiet_mesa_warning();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -71,4 +76,14 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// Mesa's Vulkan drivers print "error: XDG_RUNTIME_DIR is invalid or not set" on every start when
+/// the variable is missing (servers, CI, containers), which reads like a strata failure. Mesa only
+/// uses it for window-system sockets that compute never opens, so point it at the temp dir.
+fn quiet_mesa_warning() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: called first thing in `main`, before any other thread exists.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
 }
