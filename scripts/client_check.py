@@ -96,6 +96,16 @@ def openai_checks(client):
         models = client.models.list()
         expect(len(models.data) == 1 and models.data[0].id, models)
 
+    @check("openai models.retrieve")
+    def _():
+        name = client.models.list().data[0].id
+        expect(client.models.retrieve(name).id == name, name)
+        try:
+            client.models.retrieve("no-such-model")
+        except openai.NotFoundError:
+            return
+        raise AssertionError("no 404 for an unknown model")
+
     @check("openai chat plain")
     def _():
         r = client.chat.completions.create(model="m", messages=USER, max_completion_tokens=8)
@@ -275,6 +285,16 @@ def openai_tool_checks(client):
             expect(slot["id"] and slot["name"] == "get_weather", slot)
             expect(isinstance(json.loads(slot["args"]), dict), slot)
 
+    @check("openai chat.completions.stream helper (fake tools)")
+    def _():
+        with client.chat.completions.stream(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                            tools=[WEATHER_TOOL], max_completion_tokens=300) as stream:
+            for _event in stream:
+                pass
+            final = stream.get_final_completion()
+        calls = final.choices[0].message.tool_calls
+        expect(calls and all(json.loads(c.function.arguments) for c in calls), final)
+
     @check("openai tool calls (fake) parallel_tool_calls=false keeps one")
     def _():
         r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
@@ -363,6 +383,25 @@ def anthropic_checks(client, tools_mode):
 
 
 def raw_checks():
+    if ARGS.api_key:
+        @check("wrong API key -> 401 in both formats; /health open")
+        def _():
+            try:
+                openai.OpenAI(base_url=ARGS.base + "/v1", api_key="wrong", max_retries=0).models.list()
+                raise AssertionError("openai: no 401")
+            except openai.AuthenticationError:
+                pass
+            try:
+                anthropic.Anthropic(base_url=ARGS.base, api_key="wrong", max_retries=0).messages.create(
+                    model="m", max_tokens=2, messages=USER)
+                raise AssertionError("anthropic: no 401")
+            except anthropic.AuthenticationError as e:
+                expect(e.body["error"]["type"] == "authentication_error", e.body)
+            url = urllib.parse.urlparse(ARGS.base)
+            conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=30)
+            conn.request("GET", "/health")
+            expect(conn.getresponse().status == 200, "health needs no key")
+
     @check("SSE framing (data lines, blank lines, [DONE], headers)")
     def _():
         status, headers, body = raw("POST", "/v1/chat/completions",

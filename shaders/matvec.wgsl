@@ -25,7 +25,8 @@ struct Params {
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
-@group(0) @binding(1) var<storage, read> X: array<f32>;
+// x vectors start on 16-byte boundaries (checked by the launcher), so they are read as vec4.
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<storage, read> IDS: array<u32>;
 
@@ -33,18 +34,27 @@ const WG: u32 = 64u;
 // Rows handled by one workgroup; its subgroups share them grid-stride, so any subgroup size works.
 const ROWS_PER_WG: u32 = 8u;
 
+// Sequential fma over the 32 values of the current chunk, in index order, against x[xb..xb+32].
+fn chunk_dot(xb: u32) -> f32 {
+    let v0 = xb >> 2u;
+    var s = 0.0;
+    for (var k = 0u; k < 8u; k++) {
+        let x = X[v0 + k];
+        s = fma(wq[4u * k], x.x, s);
+        s = fma(wq[4u * k + 1u], x.y, s);
+        s = fma(wq[4u * k + 2u], x.z, s);
+        s = fma(wq[4u * k + 3u], x.w, s);
+    }
+    return s;
+}
+
 fn row_dot(row_byte: u32, x_base: u32, lane: u32, sg_size: u32) -> f32 {
     let chunks = p.k / 32u;
     let chunks_per_block = QK / 32u;
     var acc = 0.0;
     for (var c = lane; c < chunks; c += sg_size) {
         dequant_chunk(row_byte + (c / chunks_per_block) * BLOCK_BYTES, c % chunks_per_block);
-        let xb = x_base + c * 32u;
-        var s = 0.0;
-        for (var j = 0u; j < 32u; j++) {
-            s = fma(wq[j], X[xb + j], s);
-        }
-        acc += s;
+        acc += chunk_dot(x_base + c * 32u);
     }
     return subgroupAdd(acc);
 }
@@ -63,12 +73,7 @@ fn row_dot_tile(row_byte: u32, first_item: u32, n_items: u32, lane: u32, sg_size
         dequant_chunk(row_byte + (c / chunks_per_block) * BLOCK_BYTES, c % chunks_per_block);
         for (var i = 0u; i < TILE; i++) {
             if (i < n_items) {
-                let xb = p.x_offset + (first_item + i) * p.x_stride + c * 32u;
-                var s = 0.0;
-                for (var j = 0u; j < 32u; j++) {
-                    s = fma(wq[j], X[xb + j], s);
-                }
-                acc[i] += s;
+                acc[i] += chunk_dot(p.x_offset + (first_item + i) * p.x_stride + c * 32u);
             }
         }
     }

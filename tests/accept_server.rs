@@ -127,7 +127,8 @@ async fn cors_preflight_is_answered_without_the_api_key_and_errors_carry_cors_he
 async fn a_body_declared_as_not_json_is_415_with_a_hint_and_undeclared_json_is_read() {
     let base = start_local("", None).await;
     let client = reqwest::Client::new();
-    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
     for (path, anthropic) in [
         ("/v1/chat/completions", false),
         ("/v1/messages", true),
@@ -209,7 +210,7 @@ async fn body_shape_errors_speak_json_not_rust() {
     assert_eq!(status, 400);
     assert_eq!(err["error"]["param"], "max_tokens");
     let message = err["error"]["message"].as_str().expect("message");
-    assert!(message.contains("expected an integer"), "{message}");
+    assert!(message.contains("integer"), "{message}");
     assert!(!message.contains("i64"), "{message}");
     let (status, err) = json_of(
         post("/v1/chat/completions", r#"{"messages":{"role":"user"}}"#)
@@ -221,8 +222,235 @@ async fn body_shape_errors_speak_json_not_rust() {
     let message = err["error"]["message"].as_str().expect("message");
     assert!(message.contains("expected an array"), "{message}");
     // Syntax errors still carry the position.
-    let (status, err) = json_of(post("/v1/messages", "{\"messages\": [").await.expect("post")).await;
+    let (status, err) = json_of(
+        post("/v1/messages", "{\"messages\": [")
+            .await
+            .expect("post"),
+    )
+    .await;
     assert_eq!(status, 400);
     let message = err["error"]["message"].as_str().expect("message");
-    assert!(message.contains("not valid JSON") && message.contains("column"), "{message}");
+    assert!(
+        message.contains("not valid JSON") && message.contains("column"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn bearer_scheme_is_case_insensitive() {
+    let base = start_local("", Some(KEY)).await;
+    let client = reqwest::Client::new();
+    for (header, expected) in [
+        (format!("Bearer {KEY}"), 200),
+        (format!("bearer {KEY}"), 200),
+        (format!("BEARER {KEY}"), 200),
+        (format!("Basic {KEY}"), 401),
+        (KEY.to_string(), 401),
+        ("Bearer wrong".to_string(), 401),
+    ] {
+        let status = client
+            .get(format!("{base}/v1/models"))
+            .header("authorization", &header)
+            .send()
+            .await
+            .expect("models")
+            .status()
+            .as_u16();
+        assert_eq!(status, expected, "Authorization: {header}");
+    }
+}
+
+#[tokio::test]
+async fn models_retrieve_answers_for_the_served_model_only() {
+    let base = start_local("", None).await;
+    let client = reqwest::Client::new();
+    let (status, list) = json_of(
+        client
+            .get(format!("{base}/v1/models"))
+            .send()
+            .await
+            .expect("list"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let name = list["data"][0]["id"].as_str().expect("id").to_string();
+    let (status, model) = json_of(
+        client
+            .get(format!("{base}/v1/models/{name}"))
+            .send()
+            .await
+            .expect("retrieve"),
+    )
+    .await;
+    assert_eq!(status, 200, "{model}");
+    assert_eq!(model, list["data"][0]);
+    let (status, err) = json_of(
+        client
+            .get(format!("{base}/v1/models/gpt-4o"))
+            .send()
+            .await
+            .expect("retrieve"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(err["error"]["code"], "model_not_found");
+    let message = err["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("gpt-4o") && message.contains(&name),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn any_reported_seed_can_be_replayed_and_sampling_errors_name_their_param() {
+    let base = start_local("", None).await;
+    let client = reqwest::Client::new();
+    let post = |path: &'static str, body: Value| {
+        let client = client.clone();
+        let url = format!("{base}{path}");
+        async move { json_of(client.post(url).json(&body).send().await.expect("post")).await }
+    };
+    let messages = json!([{"role": "user", "content": "hello"}]);
+    // Seeds above i64::MAX are what the server itself reports for half of all drawn seeds.
+    for (seed, same_as) in [
+        (json!(u64::MAX), json!(-1)),
+        (
+            json!(9_876_543_210_987_654_321u64),
+            json!(-8_570_200_862_721_897_295i64),
+        ),
+    ] {
+        let (status, first) = post(
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 6, "temperature": 1.0, "seed": seed}),
+        )
+        .await;
+        assert_eq!(status, 200, "{first}");
+        assert_eq!(first["seed"], seed);
+        let (status, again) = post(
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 6, "temperature": 1.0, "seed": first["seed"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["choices"], first["choices"]);
+        // The signed spelling of the same 64 bits is the same seed.
+        let (status, signed) = post(
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 6, "temperature": 1.0, "seed": same_as}),
+        )
+        .await;
+        assert_eq!(status, 200, "{signed}");
+        assert_eq!(signed["choices"], first["choices"]);
+        assert_eq!(signed["seed"], seed);
+        let (status, anthropic) = post(
+            "/v1/messages",
+            json!({"messages": messages, "max_tokens": 2, "seed": seed}),
+        )
+        .await;
+        assert_eq!(status, 200, "{anthropic}");
+    }
+    for bad in [json!("abc"), json!(1.5), json!(1e30)] {
+        let (status, err) = post(
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 2, "seed": bad}),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {err}");
+        assert_eq!(err["error"]["param"], "seed");
+        let message = err["error"]["message"].as_str().expect("message");
+        assert!(message.contains("seed must be an integer"), "{message}");
+    }
+    for (field, value) in [
+        ("temperature", json!(-1)),
+        ("top_p", json!(2)),
+        ("presence_penalty", json!(5)),
+    ] {
+        let mut body = json!({"messages": messages, "max_tokens": 2});
+        body[field] = value;
+        let (status, err) = post("/v1/chat/completions", body).await;
+        assert_eq!(status, 400, "{err}");
+        assert_eq!(err["error"]["param"], field, "{err}");
+    }
+}
+
+#[tokio::test]
+async fn anthropic_message_with_no_blocks_is_named_not_reported_as_no_messages() {
+    let base = start_local("", None).await;
+    let body = json!({"max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": []},
+    ]});
+    let (status, err) = json_of(
+        reqwest::Client::new()
+            .post(format!("{base}/v1/messages"))
+            .json(&body)
+            .send()
+            .await
+            .expect("post"),
+    )
+    .await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+    let message = err["error"]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("messages[2].content is empty"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn wrong_method_is_405_with_an_error_object() {
+    let base = start_local("", None).await;
+    let client = reqwest::Client::new();
+    for (method, path, expected, anthropic) in [
+        (reqwest::Method::GET, "/v1/chat/completions", "POST", false),
+        (reqwest::Method::PUT, "/v1/messages", "POST", true),
+        (reqwest::Method::POST, "/v1/models", "GET", false),
+        (reqwest::Method::DELETE, "/health", "GET", false),
+    ] {
+        let response = client
+            .request(method.clone(), format!("{base}{path}"))
+            .send()
+            .await
+            .expect("request");
+        let allow = response
+            .headers()
+            .get("allow")
+            .map(|v| v.to_str().unwrap_or_default().to_string());
+        let (status, err) = json_of(response).await;
+        assert_eq!(status, 405, "{method} {path}: {err}");
+        let message = if anthropic {
+            assert_eq!(err["type"], "error");
+            &err["error"]["message"]
+        } else {
+            &err["error"]["message"]
+        };
+        let message = message.as_str().expect("message");
+        assert!(message.contains(&format!("use {expected}")), "{message}");
+        if let Some(allow) = allow {
+            assert!(allow.contains(expected), "{allow}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn unavailable_answers_carry_retry_after() {
+    let state = AppState::new(ServerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(serve_on(listener, state));
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.headers()["retry-after"], "1");
+    let (status, err) = json_of(response).await;
+    assert_eq!(status, 503);
+    assert_eq!(err["error"]["code"], "model_loading");
 }

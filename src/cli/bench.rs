@@ -418,6 +418,10 @@ fn bench_model(
     }))
 }
 
+/// Adds one random quantized matrix tensor (name, ggml dims) to the writer.
+type AddMatrix<'a> =
+    dyn FnMut(&mut crate::gguf::writer::GgufWriter, &str, &[usize]) -> anyhow::Result<()> + 'a;
+
 /// A random-weight model with the real widths of Qwen3.8-Flash-Next (model-spec §1), built in
 /// memory: `--layers` layers, `--experts` routed experts, large matrices in `--quant`. The PLE
 /// table keeps the real row width but small hash tables (it lives on the host and is only gathered).
@@ -444,7 +448,7 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
     let (ple_heads, ple_dim) = (16usize, 160usize);
     let wide = h * hc;
     let channels = 2 * nk * dk + nv * dv;
-    let is_attention = |i: usize| (i + 1) % 4 == 0;
+    let is_attention = |i: usize| (i + 1).is_multiple_of(4);
     let arch = |k: &str| format!("qwen4exp.{k}");
     let u32v = |v: usize| Value::U32(v as u32);
 
@@ -543,7 +547,7 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
     // row width does not fit the quant's block.
     let mut matrix = |w: &mut GgufWriter, name: &str, dims: &[usize]| -> anyhow::Result<()> {
         let cols = dims[0];
-        let ty = if cols % quant.block_size() == 0 {
+        let ty = if cols.is_multiple_of(quant.block_size()) {
             quant
         } else {
             GgmlType::IQ4_NL
@@ -583,21 +587,20 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
 
     matrix(&mut w, "token_embd.weight", &[h, vocab])?;
     matrix(&mut w, "output.weight", &[h, vocab])?;
-    let hc_module =
-        |w: &mut GgufWriter,
-         matrix: &mut dyn FnMut(&mut GgufWriter, &str, &[usize]) -> anyhow::Result<()>,
-         p: &str,
-         inject: bool,
-         seed: u64|
-         -> anyhow::Result<()> {
-            vector(w, &format!("{p}_norm.weight"), &[wide], 1.0, 0.1, seed)?;
-            matrix(w, &format!("{p}_down.weight"), &[wide, low])?;
-            matrix(w, &format!("{p}_up.weight"), &[low, wide])?;
-            if inject {
-                matrix(w, &format!("{p}_inject.weight"), &[wide, hc])?;
-            }
-            Ok(())
-        };
+    let hc_module = |w: &mut GgufWriter,
+                     matrix: &mut AddMatrix,
+                     p: &str,
+                     inject: bool,
+                     seed: u64|
+     -> anyhow::Result<()> {
+        vector(w, &format!("{p}_norm.weight"), &[wide], 1.0, 0.1, seed)?;
+        matrix(w, &format!("{p}_down.weight"), &[wide, low])?;
+        matrix(w, &format!("{p}_up.weight"), &[low, wide])?;
+        if inject {
+            matrix(w, &format!("{p}_inject.weight"), &[wide, hc])?;
+        }
+        Ok(())
+    };
     hc_module(&mut w, &mut matrix, "output_hc", false, 7)?;
     if ple_layer.is_some() {
         let bytes = crate::quant::random_blocks(GgmlType::IQ4_NL, ple_rows * ple_dim / 32, 99);

@@ -72,6 +72,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     }
                     Err(e) => eprintln!("{e}"),
                 },
+                (Some("think"), None) => {
+                    let now = match (enable_thinking, reasoning_effort.as_deref()) {
+                        (Some(false), _) => "off",
+                        (_, Some(effort)) => effort,
+                        _ => "the template's default",
+                    };
+                    eprintln!("(reasoning: {now}; change it with /think off|low|medium|high)");
+                }
+                (Some("help"), _) => eprintln!("{HELP}"),
                 _ => eprintln!("unknown command /{command}; {HELP}"),
             }
             continue;

@@ -18,8 +18,11 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// The prompt. By default it becomes one user turn of the model's chat template.
-    #[arg(long, short = 'p')]
-    pub prompt: String,
+    #[arg(long, short = 'p', required_unless_present = "prompt_text")]
+    pub prompt: Option<String>,
+    /// The prompt, given without -p (`strata run "Hello"`).
+    #[arg(value_name = "PROMPT", conflicts_with = "prompt")]
+    pub prompt_text: Option<String>,
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
     pub max_tokens: usize,
@@ -37,7 +40,7 @@ pub struct Args {
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct SamplingArgs {
     /// 0 = greedy.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// 0 = no top-k cut.
     #[arg(long)]
@@ -282,6 +285,10 @@ pub fn load_for_terminal(model: &ModelArgs) -> anyhow::Result<LoadedForTerminal>
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // clap guarantees one of the two; the message is for the impossible case.
+    let Some(prompt_text) = args.prompt.clone().or_else(|| args.prompt_text.clone()) else {
+        anyhow::bail!("no prompt: pass it as an argument or with --prompt");
+    };
     let mut loaded = load_for_terminal(&args.model)?;
     let sampling = args.sampling.resolve(&loaded.defaults)?;
     let use_template = !args.raw && loaded.template.is_some();
@@ -293,7 +300,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let messages = [Message {
                 role: "user".into(),
-                content: Some(args.prompt.clone()),
+                content: Some(prompt_text.clone()),
                 ..Message::default()
             }];
             let options = RenderOptions {
@@ -304,7 +311,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             template.render(&messages, &options)?
         }
-        _ => args.prompt.clone(),
+        _ => prompt_text.clone(),
     };
     let prompt = loaded.tokenizer.encode(&text, true)?;
     let request = GenerateRequest {

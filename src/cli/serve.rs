@@ -81,5 +81,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     let gguf = open_gguf(args.model.as_deref())?;
     let backend = load_backend(Arc::clone(&gguf), args.backend, args.ctx)?;
+    // With --backend auto, say which one was picked: the GPU and CPU differ a lot in speed.
+    eprintln!("strata: running on the {} backend", backend.info().backend);
     LoadedModel::from_gguf(&gguf, backend)
 }

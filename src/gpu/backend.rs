@@ -19,7 +19,7 @@ use crate::model::weights::{HcWeights, MixerWeights, QuantMatrix, Weights};
 use super::buffers::{GpuBuf, GpuWeight, read_staging};
 use super::kernels::{self, BindGroupCache, Recorder, View};
 use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
-use super::{GpuContext, GpuError};
+use super::{GpuContext, GpuError, list_adapters};
 
 /// Default cap on tokens per sequence on the GPU (KV caches are allocated up front).
 pub const DEFAULT_GPU_CONTEXT: usize = 32768;
@@ -457,6 +457,7 @@ struct Scratch {
     ple_conv_in: GpuBuf,
     ple_history: GpuBuf,
     logits: GpuBuf,
+    greedy: GpuBuf,
 }
 
 pub struct GpuSequence {
@@ -564,6 +565,7 @@ impl GpuSequence {
             ple_conv_in: z("ple conv in", t * wide)?,
             ple_history: z("ple history", ple_hist * wide)?,
             logits: z("logits", t * cfg.vocab_size)?,
+            greedy: z("greedy", 2)?,
         };
         Ok(Self {
             backend,
@@ -1253,7 +1255,14 @@ impl GpuSequence {
             .map_err(gpu_err)
     }
 
-    fn feed_chunk(&mut self, chunk: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+    /// One chunk through the model. Returns the logits (all rows or the last), or with `greedy`
+    /// the argmax of the last row as a single-element vector (only 8 bytes are read back).
+    fn feed_chunk(
+        &mut self,
+        chunk: &[u32],
+        all_logits: bool,
+        greedy: bool,
+    ) -> Result<Vec<f32>, EngineError> {
         let pos0 = self.tokens.len();
         let t = chunk.len();
         self.tokens.extend_from_slice(chunk);
@@ -1262,11 +1271,29 @@ impl GpuSequence {
         self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
         self.upload_ple_rows(pos0, t)?;
         let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
-        let recorded = self.record(&mut rec, t, pos0, all_logits);
+        let v = b.config.vocab_size;
+        let recorded = self
+            .record(&mut rec, t, pos0, all_logits && !greedy)
+            .and_then(|rows| {
+                if greedy {
+                    ops::argmax(
+                        c,
+                        &mut rec,
+                        &self.scratch.logits,
+                        v,
+                        1,
+                        &self.scratch.greedy,
+                    )?;
+                }
+                Ok(rows)
+            });
         self.bind_groups = rec.take_cache();
         let rows = recorded.map_err(gpu_err)?;
-        let v = b.config.vocab_size;
-        let size = (rows * v * 4) as u64;
+        let (source, size) = if greedy {
+            (&self.scratch.greedy, 8u64)
+        } else {
+            (&self.scratch.logits, (rows * v * 4) as u64)
+        };
         let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
             size,
@@ -1287,11 +1314,22 @@ impl GpuSequence {
         if let Some(t) = &timestamps {
             t.resolve(&mut encoder);
         }
-        encoder.copy_buffer_to_buffer(&self.scratch.logits.buffer, 0, &staging, 0, size);
+        encoder.copy_buffer_to_buffer(&source.buffer, 0, &staging, 0, size);
         c.queue.submit([encoder.finish()]);
         let bytes = read_staging(c, &staging).map_err(gpu_err)?;
         if let Some(t) = &timestamps {
             self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);
+        }
+        if greedy {
+            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            return match words.as_slice() {
+                // A token id (< vocab < 2^24) is exact as an f32.
+                [id, 0] => Ok(vec![*id as f32]),
+                _ => Err(EngineError::NonFinite {
+                    stage: "GPU logits".into(),
+                    position: pos0 + t - 1,
+                }),
+            };
         }
         let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         if let Some(bad) = first_non_finite(&logits) {
@@ -1307,6 +1345,50 @@ impl GpuSequence {
 }
 
 impl GpuSequence {
+    /// Feed `tokens` and return the greedy next token (argmax of the last logits row, lowest id on
+    /// ties), computed on the GPU: the host reads back 8 bytes instead of the logits row.
+    pub fn feed_greedy(&mut self, tokens: &[u32]) -> Result<u32, EngineError> {
+        self.validate(tokens)?;
+        let Some((last, rest)) = tokens.split_last() else {
+            return Err(EngineError::Other(
+                "feed_greedy needs at least one token".into(),
+            ));
+        };
+        let result = (|| {
+            if !rest.is_empty() {
+                for chunk in rest.chunks(self.backend.max_chunk) {
+                    self.feed_chunk(chunk, false, false)?;
+                }
+            }
+            self.feed_chunk(std::slice::from_ref(last), false, true)
+        })();
+        match result {
+            Ok(v) => Ok(v.first().copied().unwrap_or(0.0) as u32),
+            Err(e) => {
+                self.poisoned = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn validate(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        if self.poisoned {
+            return Err(EngineError::Other(
+                "sequence is unusable after an earlier error".into(),
+            ));
+        }
+        let vocab = self.backend.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
+        }
+        let ctx = self.backend.info.context_length;
+        let needed = self.tokens.len() + tokens.len();
+        if needed > ctx {
+            return Err(EngineError::ContextOverflow { needed, ctx });
+        }
+        Ok(())
+    }
+
     /// Turn per-dispatch GPU timestamps on or off for later feeds.
     pub fn set_profiling(&mut self, on: bool) {
         self.profile = on;
@@ -1374,20 +1456,7 @@ impl Sequence for GpuSequence {
     }
 
     fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
-        if self.poisoned {
-            return Err(EngineError::Other(
-                "sequence is unusable after an earlier error".into(),
-            ));
-        }
-        let vocab = self.backend.config.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(EngineError::BadToken { id, vocab });
-        }
-        let ctx = self.backend.info.context_length;
-        let needed = self.tokens.len() + tokens.len();
-        if needed > ctx {
-            return Err(EngineError::ContextOverflow { needed, ctx });
-        }
+        self.validate(tokens)?;
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -1396,7 +1465,7 @@ impl Sequence for GpuSequence {
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
             let want = all_logits || i == last;
-            match self.feed_chunk(chunk, all_logits) {
+            match self.feed_chunk(chunk, all_logits, false) {
                 Ok(logits) => {
                     if want {
                         out.extend_from_slice(&logits);
@@ -1440,7 +1509,32 @@ pub fn load_for_cli(
     ctx_len: usize,
     required: bool,
 ) -> anyhow::Result<Option<Arc<dyn Backend>>> {
-    let ctx = match GpuContext::new(adapter_from_env()) {
+    let adapter = adapter_from_env();
+    if !required {
+        // Decide from the adapter list before creating any device: `auto` on a machine with only
+        // a software rasterizer should cost nothing.
+        let software = format!("{:?}", wgpu::DeviceType::Cpu);
+        let adapters = list_adapters();
+        let chosen = match adapter {
+            Some(i) => adapters.get(i),
+            None => adapters.first(),
+        };
+        match chosen {
+            Some(a) if a.device_type != software && a.has_subgroups => {}
+            Some(a) => {
+                tracing::info!(
+                    "only a software or unsuitable adapter ({}); using the CPU",
+                    a.name
+                );
+                return Ok(None);
+            }
+            None => {
+                tracing::info!("no GPU adapter; using the CPU");
+                return Ok(None);
+            }
+        }
+    }
+    let ctx = match GpuContext::new(adapter) {
         Ok(c) => c,
         Err(e) if !required => {
             tracing::info!("no GPU ({e}); using the CPU");
@@ -1448,13 +1542,6 @@ pub fn load_for_cli(
         }
         Err(e) => return Err(e.into()),
     };
-    if !required && ctx.adapter.device_type == format!("{:?}", wgpu::DeviceType::Cpu) {
-        tracing::info!(
-            "only a software adapter ({}); using the CPU",
-            ctx.adapter.name
-        );
-        return Ok(None);
-    }
     match GpuBackend::load(ctx, gguf, ctx_len) {
         Ok(b) => Ok(Some(Arc::new(b))),
         Err(e) if !required => {

@@ -162,7 +162,8 @@ pub struct GpuBuf {
 
 impl GpuBuf {
     pub fn zeros(ctx: &GpuContext, label: &str, len: usize) -> Result<Self, GpuError> {
-        let size = (len.max(1) * 4) as u64;
+        // Rounded up to 16 bytes so kernels may read the last elements as a vec4.
+        let size = (len.max(1).div_ceil(4) * 16) as u64;
         if size > ctx.max_binding_bytes() {
             return Err(GpuError::BadArgs(format!(
                 "buffer {label} of {size} bytes exceeds the binding limit {}",

@@ -271,6 +271,17 @@ impl<'a> View<'a> {
         }
     }
 
+    /// The mat-vec reads x as vec4: every vector must start on a multiple of 4 floats.
+    fn check_vec4(&self, what: &str) -> Result<(), GpuError> {
+        if !self.offset.is_multiple_of(4) || !self.stride.is_multiple_of(4) {
+            return Err(GpuError::BadArgs(format!(
+                "matvec {what}: x offset {} and stride {} must be multiples of 4",
+                self.offset, self.stride
+            )));
+        }
+        Ok(())
+    }
+
     /// Check that `count` vectors of `width` elements fit.
     fn check(&self, count: usize, width: usize, what: &str) -> Result<(), GpuError> {
         if count == 0 {
@@ -304,6 +315,7 @@ pub fn matvec(
     items: usize,
 ) -> Result<(), GpuError> {
     x.check(items, w.row_len, &format!("matvec {} input", w.name))?;
+    x.check_vec4(&w.name)?;
     y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
     let key = grid_key("matvec", w.ty, "matvec");
     // The plain mat-vec handles MATVEC_TILE vectors per workgroup row (shaders/matvec.wgsl).
@@ -363,6 +375,7 @@ pub fn matvec_expert(
         w.row_len,
         &format!("expert matvec {} input", w.name),
     )?;
+    x.check_vec4(&w.name)?;
     y.check(
         items,
         w.rows_per_unit,

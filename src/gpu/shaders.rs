@@ -69,6 +69,7 @@ fn op_source(op: &str) -> Option<&'static str> {
         "qsa" => include_str!("../../shaders/qsa.wgsl"),
         "moe" => include_str!("../../shaders/moe.wgsl"),
         "read" => include_str!("../../shaders/read.wgsl"),
+        "argmax" => include_str!("../../shaders/argmax.wgsl"),
         _ => return None,
     })
 }

@@ -55,8 +55,8 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub output_config: Option<Value>,
     /// Not part of Anthropic's API; honoured so runs can be replayed.
-    #[serde(default)]
-    pub seed: Option<i64>,
+    #[serde(default, deserialize_with = "super::openai::deserialize_seed")]
+    pub seed: Option<u64>,
 }
 
 /// Text of `system`: a string or an array of text blocks.
@@ -148,6 +148,12 @@ pub fn convert_messages(
         }
         let blocks: Vec<Value> = match m.get("content") {
             Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
+            Some(Value::Array(a)) if a.is_empty() => {
+                return Err(invalid(
+                    &format!("{param}.content"),
+                    format!("{param}.content is empty; a message needs at least one content block"),
+                ));
+            }
             Some(Value::Array(a)) => a.clone(),
             _ => {
                 return Err(invalid(

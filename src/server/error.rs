@@ -55,6 +55,11 @@ impl ApiError {
         self
     }
 
+    pub fn with_param(mut self, param: &str) -> ApiError {
+        self.param = Some(param.to_string());
+        self
+    }
+
     pub fn with_flavor(mut self, flavor: Flavor) -> ApiError {
         self.flavor = flavor;
         self
@@ -109,6 +114,14 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            // Busy or still loading: both clients honour Retry-After when they retry.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }

@@ -196,6 +196,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{model_id}", get(openai::model_by_id))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(metrics_handler))
@@ -208,6 +209,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .merge(api)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             record_request,
@@ -306,6 +308,23 @@ async fn not_found(request: Request) -> ApiError {
     .with_flavor(flavor)
 }
 
+async fn method_not_allowed(request: Request) -> ApiError {
+    let path = request.uri().path();
+    let expected = if path == "/health" || path == "/metrics" || path.starts_with("/v1/models") {
+        "GET"
+    } else {
+        "POST"
+    };
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{} is not allowed on {path}; use {expected}",
+            request.method()
+        ),
+    )
+    .with_flavor(flavor_for_path(path))
+}
+
 fn flavor_for_path(path: &str) -> Flavor {
     if path.starts_with("/v1/messages") {
         Flavor::Anthropic
@@ -322,6 +341,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token of an `Authorization: Bearer TOKEN` header; the scheme name is case-insensitive
+/// (RFC 9110), and some clients send `bearer`.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
+}
+
 async fn require_api_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let Some(expected) = state.shared.config.api_key.as_deref() else {
         return next.run(request).await;
@@ -330,7 +356,7 @@ async fn require_api_key(State(state): State<AppState>, request: Request, next: 
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
     let ok = [bearer, x_api_key]
         .into_iter()
@@ -361,11 +387,15 @@ async fn record_request(State(state): State<AppState>, request: Request, next: N
         | "/metrics" => path,
         _ => "other".to_string(),
     };
+    let method = request.method().clone();
     let response = next.run(request).await;
-    state.metrics().record_request(
-        &endpoint,
-        response.status().as_u16(),
-        start.elapsed().as_secs_f64(),
+    let seconds = start.elapsed().as_secs_f64();
+    let status = response.status().as_u16();
+    state.metrics().record_request(&endpoint, status, seconds);
+    // For a stream this is the time to the response head; the generation logs its own line.
+    tracing::info!(
+        "{method} {endpoint} -> {status} in {:.1} ms",
+        seconds * 1000.0
     );
     response
 }
@@ -397,7 +427,8 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
     // Parse in two steps: syntax first (errors with line and column), then the shape, so a body
     // that is valid JSON but not an object is told so instead of getting a field-level riddle.
     let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not valid JSON: {e}")).with_flavor(flavor)
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+            .with_flavor(flavor)
     })?;
     if !json.is_object() {
         return Err(ApiError::bad_request(format!(
@@ -435,8 +466,8 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
 /// serde names Rust types ("expected i64"); clients know JSON ones.
 fn plain_type_names(message: &str) -> String {
     [
-        ("expected i64", "expected an integer"),
-        ("expected u64", "expected a non-negative integer"),
+        ("expected i64", "expected a signed 64-bit integer"),
+        ("expected u64", "expected a non-negative 64-bit integer"),
         ("expected f32", "expected a number"),
         ("expected f64", "expected a number"),
         ("expected a sequence", "expected an array"),
@@ -494,7 +525,7 @@ pub(crate) fn start_job(
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "the server is busy: {waiting} requests are already waiting (queue limit {capacity}); retry later"
+                "the server is busy: one request is generating and {waiting} more are waiting (queue limit {capacity}); retry later"
             ),
         )
         .with_code("queue_full")
@@ -588,6 +619,16 @@ fn run_job(
                     .cancelled_generations
                     .fetch_add(1, Ordering::Relaxed);
             }
+            tracing::info!(
+                "generation: prompt {} tokens ({} cached) at {:.1} tok/s, {} tokens at {:.1} tok/s, seed {}, ended by {:?}",
+                output.usage.prompt_tokens,
+                output.usage.cached_tokens,
+                output.prefill_tokens_per_second(),
+                output.usage.completion_tokens,
+                output.decode_tokens_per_second(),
+                output.seed,
+                output.finish
+            );
             Ok(output)
         }
         Err(e) => {

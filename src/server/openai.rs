@@ -34,7 +34,29 @@ pub struct SamplingFields {
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub repetition_penalty: Option<f32>,
-    pub seed: Option<i64>,
+    pub seed: Option<u64>,
+}
+
+/// A request's `seed`: any JSON integer from -2^63 to 2^64-1. Responses report the seed as an
+/// unsigned 64-bit number, so replaying a reported seed must be accepted; negative seeds are
+/// taken as their two's-complement bits (as the signed spelling of the same 64 bits).
+pub fn deserialize_seed<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum AnySeed {
+        Unsigned(u64),
+        Signed(i64),
+    }
+    let seed: Option<AnySeed> = Option::deserialize(deserializer).map_err(|_| {
+        serde::de::Error::custom("seed must be an integer between -2^63 and 2^64-1")
+    })?;
+    Ok(seed.map(|s| match s {
+        AnySeed::Unsigned(u) => u,
+        AnySeed::Signed(i) => i as u64,
+    }))
 }
 
 macro_rules! sampling_fields {
@@ -82,13 +104,23 @@ impl SamplingFields {
         if let Some(v) = self.repetition_penalty {
             p.repetition_penalty = v;
         }
-        // Negative seeds are taken as their two's-complement bits.
         p.seed = Some(match self.seed {
-            Some(s) => s as u64,
+            Some(s) => s,
             None => defaults.seed.unwrap_or_else(crate::sampler::random_seed),
         });
-        p.validate()
-            .map_err(|e| ApiError::bad_request(e.to_string()).with_flavor(flavor))?;
+        p.validate().map_err(|e| {
+            let error = ApiError::bad_request(e.to_string()).with_flavor(flavor);
+            // The sampler's messages start with the parameter's name: point `param` at it.
+            match &e {
+                crate::sampler::SamplerError::InvalidParam(message) => {
+                    match message.split_whitespace().next() {
+                        Some(name) => error.with_param(name),
+                        None => error,
+                    }
+                }
+                _ => error,
+            }
+        })?;
         Ok(p)
     }
 }
@@ -143,8 +175,8 @@ pub struct ChatCompletionRequest {
     pub frequency_penalty: Option<f32>,
     #[serde(default)]
     pub repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub seed: Option<i64>,
+    #[serde(default, deserialize_with = "deserialize_seed")]
+    pub seed: Option<u64>,
 }
 
 /// `stop`: a string or an array of strings.
@@ -835,8 +867,8 @@ pub struct CompletionRequest {
     pub frequency_penalty: Option<f32>,
     #[serde(default)]
     pub repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub seed: Option<i64>,
+    #[serde(default, deserialize_with = "deserialize_seed")]
+    pub seed: Option<u64>,
 }
 
 fn completion_prompt_ids(model: &LoadedModel, prompt: &Value) -> Result<Vec<u32>, ApiError> {
@@ -999,17 +1031,43 @@ impl SseAssembler for CompletionStreamer {
     }
 }
 
+/// The `/v1/models` entry for the loaded model.
+fn model_object(model: &LoadedModel) -> Value {
+    json!({
+        "id": model.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "strata",
+        "context_length": model.context_length,
+    })
+}
+
 pub async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
     let model = state.model()?;
     Ok(axum::Json(json!({
         "object": "list",
-        "data": [{
-            "id": model.name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "strata",
-            "context_length": model.context_length,
-        }],
+        "data": [model_object(&model)],
     }))
     .into_response())
+}
+
+/// `GET /v1/models/{id}` (`client.models.retrieve`): the loaded model under its own name, 404
+/// for any other.
+pub async fn model_by_id(
+    State(state): State<AppState>,
+    axum::extract::Path(model_id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let model = state.model()?;
+    if model_id != model.name {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!(
+                "model {model_id:?} is not served here; this server serves {:?}",
+                model.name
+            ),
+        )
+        .with_code("model_not_found")
+        .with_param("model"));
+    }
+    Ok(axum::Json(model_object(&model)).into_response())
 }
