@@ -362,6 +362,12 @@ def anthropic_checks(client, tools_mode):
             uses = [b for b in final.content if b.type == "tool_use"]
             expect(uses and all(isinstance(u.input, dict) and u.input for u in uses), final)
 
+    @check("anthropic assistant prefill is continued")
+    def _():
+        r = client.messages.create(model="m", max_tokens=4, messages=msgs + [
+            {"role": "assistant", "content": "Hello"}])
+        expect(all(b.type != "thinking" for b in r.content), r)
+
     @check("anthropic messages.count_tokens")
     def _():
         r = client.messages.count_tokens(model="m", messages=msgs, system="be brief", tools=[ANTHROPIC_TOOL])

@@ -454,3 +454,195 @@ async fn unavailable_answers_carry_retry_after() {
     assert_eq!(status, 503);
     assert_eq!(err["error"]["code"], "model_loading");
 }
+
+#[tokio::test]
+async fn openai_routes_answer_without_the_v1_prefix_too() {
+    let base = start_local("", None).await;
+    let client = reqwest::Client::new();
+    let (status, models) = json_of(
+        client
+            .get(format!("{base}/models"))
+            .send()
+            .await
+            .expect("models"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(models["object"], "list");
+    let (status, chat) = json_of(
+        client
+            .post(format!("{base}/chat/completions"))
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+            .send()
+            .await
+            .expect("chat"),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
+    assert_eq!(chat["object"], "chat.completion");
+    let (status, completion) = json_of(
+        client
+            .post(format!("{base}/completions"))
+            .json(&json!({"prompt": "hi", "max_tokens": 2}))
+            .send()
+            .await
+            .expect("completion"),
+    )
+    .await;
+    assert_eq!(status, 200, "{completion}");
+    assert_eq!(completion["object"], "text_completion");
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("endpoint=\"/v1/chat/completions\""),
+        "aliases are counted under their /v1 endpoint:\n{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_utf8_byte_order_mark_before_the_json_is_skipped() {
+    let base = start_local("", None).await;
+    let mut body = b"\xEF\xBB\xBF".to_vec();
+    body.extend_from_slice(br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#);
+    let (status, resp) = json_of(
+        reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("post"),
+    )
+    .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["object"], "chat.completion");
+}
+
+async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing in:\n{text}"))
+}
+
+#[tokio::test]
+async fn a_dropped_stream_stops_generation_within_a_token_or_two() {
+    let tokenizer = strata::tokenizer::Tokenizer::from_gguf(&tiny()).expect("tokenizer");
+    let slow = Arc::new(FakeBackend::new(
+        512,
+        4096,
+        FakeOptions {
+            feed_delay: std::time::Duration::from_millis(40),
+            suppressed: tokenizer.stop_ids(),
+            ..FakeOptions::default()
+        },
+    ));
+    let state = AppState::new(ServerConfig::default());
+    state.set_model(LoadedModel::from_gguf(&tiny(), slow).expect("model"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(serve_on(listener, state));
+    let client = reqwest::Client::new();
+    let mut response = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
+                      "stream": true}),
+        )
+        .send()
+        .await
+        .expect("post");
+    let mut seen = String::new();
+    while seen.matches("data:").count() < 6 {
+        let chunk = response.chunk().await.expect("chunk").expect("stream open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let at_drop = metric(&client, &base, "strata_generated_tokens_total").await;
+    drop(response);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while metric(&client, &base, "strata_requests_running").await != 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "generation never stopped"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let after = metric(&client, &base, "strata_generated_tokens_total").await;
+    // The token being computed when the client left, and at most one more before the failed
+    // write is seen: 40 ms per token, so a generation that went on would add many.
+    assert!(
+        after - at_drop <= 2.0,
+        "{} tokens were generated after the client left",
+        after - at_drop
+    );
+    assert_eq!(
+        metric(&client, &base, "strata_generations_cancelled_total").await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn anthropic_trailing_assistant_message_is_continued_not_restarted() {
+    let base = start_local("", None).await;
+    let client = reqwest::Client::new();
+    let count = |messages: Value| {
+        let client = client.clone();
+        let url = format!("{base}/v1/messages/count_tokens");
+        // Thinking off on both sides: a prefill turns it off, and it changes the prompt.
+        let body = json!({"messages": messages, "thinking": {"type": "disabled"}});
+        async move {
+            let (status, body) =
+                json_of(client.post(url).json(&body).send().await.expect("count")).await;
+            assert_eq!(status, 200, "{body}");
+            body["input_tokens"].as_u64().expect("input_tokens")
+        }
+    };
+    let question = json!({"role": "user", "content": "Name a colour."});
+    let prefill = "The colour is";
+    let without = count(json!([question])).await;
+    let with = count(json!([question, {"role": "assistant", "content": prefill}])).await;
+    let tokenizer = strata::tokenizer::Tokenizer::from_gguf(&tiny()).expect("tokenizer");
+    let prefill_tokens = tokenizer.encode(prefill, false).expect("encode").len() as u64;
+    // Continuing adds the prefill's own tokens (one more or less where it joins the prompt), not
+    // a finished assistant turn followed by a second generation prompt.
+    assert!(
+        with + 1 >= without + prefill_tokens && with <= without + prefill_tokens + 1,
+        "without {without}, with prefill {with}, prefill alone {prefill_tokens}"
+    );
+
+    let (status, reply) = json_of(
+        client
+            .post(format!("{base}/v1/messages"))
+            .json(&json!({"max_tokens": 3, "messages": [question,
+                {"role": "assistant", "content": prefill}]}))
+            .send()
+            .await
+            .expect("messages"),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    // Thinking is off for a prefill unless asked for: the continuation is answer text.
+    let kinds: Vec<&str> = reply["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .filter_map(|b| b["type"].as_str())
+        .collect();
+    assert!(!kinds.contains(&"thinking"), "{reply}");
+}

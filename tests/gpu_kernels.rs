@@ -32,10 +32,16 @@ fn context() -> Option<Arc<GpuContext>> {
     }
 }
 
+/// The repository root: `STRATA_REPO` when set (a test binary carried to another machine, where
+/// the compile-time path does not exist), else the crate directory.
+fn repo_root() -> PathBuf {
+    std::env::var_os("STRATA_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    repo_root().join("tests/fixtures").join(name)
 }
 
 fn read_f32_file(path: &PathBuf) -> Vec<f32> {

@@ -17,8 +17,16 @@ use strata::npy::{self, NpyArray};
 const TOLERANCE: f32 = 1e-3;
 const MIN_QSA_MARGIN: f32 = 1e-3;
 
+/// The repository root: `STRATA_REPO` when set (a test binary carried to another machine, where
+/// the compile-time path does not exist), else the crate directory.
+fn repo_root() -> PathBuf {
+    std::env::var_os("STRATA_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
+    repo_root().join("tests/fixtures/tiny")
 }
 
 fn read(path: &Path) -> NpyArray {
@@ -210,4 +218,21 @@ fn greedy_on_gpu_matches_logits_argmax() {
         logits = reference.feed(&[next], false).expect("decode");
         next = greedy.feed_greedy(&[next]).expect("greedy decode");
     }
+}
+
+/// The stage-checking diagnostic mode (one submission per layer, residual read back and checked)
+/// computes the same bits as the one-pass path.
+#[test]
+fn stage_check_mode_gives_the_same_bits() {
+    let Some(ctx) = context() else { return };
+    let path = fixtures().join("tiny-IQ3_S.gguf");
+    let gguf = Arc::new(Gguf::open(&path).expect("fixture GGUF opens"));
+    let mut checked = GpuBackend::load(ctx.clone(), gguf, 1024).expect("loads");
+    checked.set_check_stages(true);
+    let checked = Arc::new(checked);
+    let normal = load(&ctx, "IQ3_S");
+    let ids = prompt_ids("p64eos");
+    let a = run(&checked, &ids, 7);
+    let b = run(&normal, &ids, 7);
+    assert!(bits_equal(&a, &b), "stage-checked run differs");
 }

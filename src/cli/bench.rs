@@ -538,6 +538,9 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
         w.add_metadata(arch("ple.layers"), Value::Array(Vec::new()));
     }
 
+    // Tensors are declared first and their random bytes generated straight into the final buffer,
+    // so the full-size model needs its size in host memory once, not twice.
+    let fills: std::cell::RefCell<Vec<(u64, Fill)>> = std::cell::RefCell::new(Vec::new());
     let mut seed = 1u64;
     let mut next_seed = || {
         seed += 1;
@@ -553,9 +556,14 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
             GgmlType::IQ4_NL
         };
         let n: usize = dims.iter().product();
-        let bytes = crate::quant::random_blocks(ty, n / ty.block_size(), next_seed());
         let ne: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-        w.add_tensor(name, &ne, ty, bytes)?;
+        let n_bytes = w.declare_tensor(name, &ne, ty)?;
+        let fill = Fill::Quant {
+            ty,
+            blocks: n / ty.block_size(),
+            seed: next_seed(),
+        };
+        fills.borrow_mut().push((n_bytes, fill));
         Ok(())
     };
     let vector = |w: &mut GgufWriter,
@@ -566,22 +574,15 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
                   seed: u64|
      -> anyhow::Result<()> {
         let n: usize = dims.iter().product();
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let values: Vec<f32> = (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                around + spread * (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-            })
-            .collect();
         let ne: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-        w.add_tensor(
-            name,
-            &ne,
-            GgmlType::F32,
-            bytemuck::cast_slice::<f32, u8>(&values).to_vec(),
-        )?;
+        let n_bytes = w.declare_tensor(name, &ne, GgmlType::F32)?;
+        let fill = Fill::Floats {
+            n,
+            around,
+            spread,
+            seed,
+        };
+        fills.borrow_mut().push((n_bytes, fill));
         Ok(())
     };
 
@@ -603,13 +604,15 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
     };
     hc_module(&mut w, &mut matrix, "output_hc", false, 7)?;
     if ple_layer.is_some() {
-        let bytes = crate::quant::random_blocks(GgmlType::IQ4_NL, ple_rows * ple_dim / 32, 99);
-        w.add_tensor(
-            "per_layer_token_embd.weight",
-            &[ple_dim as u64, ple_rows as u64],
-            GgmlType::IQ4_NL,
-            bytes,
-        )?;
+        let ty = GgmlType::IQ4_NL;
+        let dims = [ple_dim as u64, ple_rows as u64];
+        let n_bytes = w.declare_tensor("per_layer_token_embd.weight", &dims, ty)?;
+        let fill = Fill::Quant {
+            ty,
+            blocks: ple_rows * ple_dim / 32,
+            seed: 99,
+        };
+        fills.borrow_mut().push((n_bytes, fill));
     }
     for i in 0..layers {
         let p = format!("blk.{i}.");
@@ -742,11 +745,82 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
             &[shared_ff, h],
         )?;
     }
-    let bytes = w.to_bytes();
+    let bytes = fill_tensors(&w, fills.into_inner());
     eprintln!(
         "synthetic model: {layers} layers, {experts} experts, {} ({:.2} GB)",
         quant.name(),
         bytes.len() as f64 / 1e9
     );
     Ok(crate::gguf::Gguf::from_vec("synthetic", bytes)?)
+}
+
+/// How the synthetic model's tensor bytes are generated.
+enum Fill {
+    /// Valid random blocks (finite scales) of a quant type.
+    Quant {
+        ty: GgmlType,
+        blocks: usize,
+        seed: u64,
+    },
+    /// f32 values uniform in [around - spread, around + spread).
+    Floats {
+        n: usize,
+        around: f32,
+        spread: f32,
+        seed: u64,
+    },
+}
+
+/// The whole GGUF: the writer's header, then each declared tensor's data at its aligned offset
+/// (the layout `GgufWriter` declares in the header). Quant data is generated in parallel chunks.
+fn fill_tensors(w: &crate::gguf::writer::GgufWriter, fills: Vec<(u64, Fill)>) -> Vec<u8> {
+    use rayon::prelude::*;
+    let alignment = w.alignment();
+    let mut bytes = w.header_bytes();
+    let data_start = bytes.len() as u64;
+    let total: u64 = fills
+        .iter()
+        .fold(0, |at, (n, _)| (at + n).next_multiple_of(alignment));
+    bytes.reserve(total as usize);
+    let mut offset = 0u64;
+    for (n_bytes, fill) in fills {
+        bytes.resize((data_start + offset) as usize, 0);
+        match fill {
+            Fill::Quant { ty, blocks, seed } => {
+                const CHUNK: usize = 1 << 16;
+                let pieces: Vec<Vec<u8>> = (0..blocks.div_ceil(CHUNK))
+                    .into_par_iter()
+                    .map(|i| {
+                        let count = CHUNK.min(blocks - i * CHUNK);
+                        crate::quant::random_blocks(
+                            ty,
+                            count,
+                            seed.wrapping_mul(1 << 20) + i as u64,
+                        )
+                    })
+                    .collect();
+                for piece in pieces {
+                    bytes.extend_from_slice(&piece);
+                }
+            }
+            Fill::Floats {
+                n,
+                around,
+                spread,
+                seed,
+            } => {
+                let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                for _ in 0..n {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    let v =
+                        around + spread * (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0);
+                    bytes.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        offset = (offset + n_bytes).next_multiple_of(alignment);
+    }
+    bytes
 }

@@ -116,6 +116,8 @@ pub struct GpuBackend {
     dummy: GpuBuf,
     info: ModelInfo,
     max_chunk: usize,
+    /// `STRATA_GPU_CHECK=1`: check the residual after every layer (slow; names the first bad stage).
+    check_stages: bool,
     weight_bytes: usize,
     _gguf: Arc<Gguf>,
 }
@@ -326,6 +328,7 @@ impl GpuBackend {
             dummy,
             info,
             max_chunk: DEFAULT_MAX_CHUNK,
+            check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
             weight_bytes,
             _gguf: gguf,
         })
@@ -334,6 +337,12 @@ impl GpuBackend {
     /// Bytes of weights in VRAM (excluding the host-side PLE table).
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// Check the residual after every layer and name the first stage that produced a non-finite
+    /// value (slow: one submission and readback per layer). Also on with `STRATA_GPU_CHECK=1`.
+    pub fn set_check_stages(&mut self, on: bool) {
+        self.check_stages = on;
     }
 
     /// Tokens per chunk (activation buffers are allocated per sequence for this many).
@@ -1158,60 +1167,118 @@ impl GpuSequence {
         pos0: usize,
         all_logits: bool,
     ) -> Result<usize, GpuError> {
+        self.record_embedding(rec, t)?;
+        for layer in 0..self.layers.len() {
+            self.record_layer(rec, layer, t, pos0)?;
+        }
+        self.record_head(rec, t, all_logits)
+    }
+
+    fn record_embedding(&self, rec: &mut Recorder, t: usize) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let s = &self.scratch;
+        let h = b.config.n_embd;
+        let hc = b.config.hc_count;
+        let view = View::new(&s.wide, 0, h * hc);
+        kernels::get_rows(&b.ctx, rec, &b.token_embd, &s.ids, t, view, hc, h)
+    }
+
+    fn record_layer(
+        &self,
+        rec: &mut Recorder,
+        index: usize,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
         let b = &self.backend;
         let c = &*b.ctx;
         let s = &self.scratch;
-        let cfg = &b.config;
-        let h = cfg.n_embd;
-        let hc = cfg.hc_count;
-        let wide = h * hc;
-        kernels::get_rows(
-            c,
-            rec,
-            &b.token_embd,
-            &s.ids,
-            t,
-            View::new(&s.wide, 0, wide),
-            hc,
-            h,
-        )?;
-        for (layer, state) in b.layers.iter().zip(&self.layers) {
-            if let Some(p) = &layer.ple {
-                self.ple(rec, p, t, pos0)?;
-            }
-            self.hc_mix(rec, &layer.attn_hc, t)?;
-            match &layer.mixer {
-                MixerGpu::Gdn(g) => self.gdn(rec, g, state, t)?,
-                MixerGpu::Qsa(q) => self.qsa(rec, q, state, t, pos0)?,
-            }
-            ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)?;
-            self.hc_mix(rec, &layer.ffn_hc, t)?;
-            self.moe(rec, &layer.moe, t)?;
-            ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)?;
+        let (h, hc) = (b.config.n_embd, b.config.hc_count);
+        let (Some(layer), Some(state)) = (b.layers.get(index), self.layers.get(index)) else {
+            return Err(GpuError::BadArgs(format!("no layer {index}")));
+        };
+        if let Some(p) = &layer.ple {
+            self.ple(rec, p, t, pos0)?;
         }
+        self.hc_mix(rec, &layer.attn_hc, t)?;
+        match &layer.mixer {
+            MixerGpu::Gdn(g) => self.gdn(rec, g, state, t)?,
+            MixerGpu::Qsa(q) => self.qsa(rec, q, state, t, pos0)?,
+        }
+        ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)?;
+        self.hc_mix(rec, &layer.ffn_hc, t)?;
+        self.moe(rec, &layer.moe, t)?;
+        ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)
+    }
+
+    /// Head mixer and lm_head; returns the number of logits rows written.
+    fn record_head(
+        &self,
+        rec: &mut Recorder,
+        t: usize,
+        all_logits: bool,
+    ) -> Result<usize, GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let h = b.config.n_embd;
+        let v = b.config.vocab_size;
         self.hc_mix(rec, &b.head_hc, t)?;
-        let v = cfg.vocab_size;
-        if all_logits {
-            kernels::matvec(
-                c,
-                rec,
-                &b.output,
-                View::new(&s.x_in, 0, h),
-                View::new(&s.logits, 0, v),
-                t,
-            )?;
-            Ok(t)
-        } else {
-            kernels::matvec(
-                c,
-                rec,
-                &b.output,
-                View::new(&s.x_in, (t - 1) * h, h),
-                View::new(&s.logits, 0, v),
-                1,
-            )?;
-            Ok(1)
+        let (offset, rows) = if all_logits { (0, t) } else { ((t - 1) * h, 1) };
+        let x = View::new(&s.x_in, offset, h);
+        kernels::matvec(c, rec, &b.output, x, View::new(&s.logits, 0, v), rows)?;
+        Ok(rows)
+    }
+
+    /// Diagnostic mode (`STRATA_GPU_CHECK=1`): run the chunk stage by stage, reading the residual
+    /// back after each, so a non-finite value is reported at the first stage that produced it.
+    /// It runs the whole chunk, leaving the logits in `scratch.logits` as `record` would.
+    fn run_checked(
+        &mut self,
+        t: usize,
+        pos0: usize,
+        all_logits: bool,
+    ) -> Result<usize, EngineError> {
+        let b = Arc::clone(&self.backend);
+        let c = &*b.ctx;
+        let wide = b.config.n_embd * b.config.hc_count;
+        let layers = self.layers.len();
+        for stage in 0..=layers + 1 {
+            let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
+            let recorded = match stage {
+                0 => self.record_embedding(&mut rec, t).map(|_| 0),
+                s if s <= layers => self.record_layer(&mut rec, s - 1, t, pos0).map(|_| 0),
+                _ => self.record_head(&mut rec, t, all_logits),
+            };
+            self.bind_groups = rec.take_cache();
+            let rows = recorded.map_err(gpu_err)?;
+            rec.run(c).map_err(gpu_err)?;
+            if stage > layers {
+                return Ok(rows);
+            }
+            let values = self
+                .scratch
+                .wide
+                .read_f32(c, 0, t * wide)
+                .map_err(gpu_err)?;
+            if let Some(bad) = first_non_finite(&values) {
+                let name = match stage {
+                    0 => "token embedding".to_string(),
+                    s => {
+                        let kind = match b.layers.get(s - 1).map(|l| &l.mixer) {
+                            Some(MixerGpu::Gdn(_)) => "GDN",
+                            _ => "QSA attention",
+                        };
+                        format!("layer {} ({kind}) output", s - 1)
+                    }
+                };
+                return Err(EngineError::NonFinite {
+                    stage: name,
+                    position: pos0 + bad / wide,
+                });
+            }
         }
+        Err(EngineError::Other("stage loop ended early".into()))
     }
 
     /// Host side of PLE: hash the n-gram rows of each chunk token and dequantize them.
@@ -1270,23 +1337,32 @@ impl GpuSequence {
         let c = &*b.ctx;
         self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
         self.upload_ple_rows(pos0, t)?;
+        // Diagnostic mode runs the forward stage by stage (the recorder below then only adds the
+        // greedy argmax, if any, and the readback).
+        let checked_rows = if b.check_stages {
+            Some(self.run_checked(t, pos0, all_logits && !greedy)?)
+        } else {
+            None
+        };
         let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
         let v = b.config.vocab_size;
-        let recorded = self
-            .record(&mut rec, t, pos0, all_logits && !greedy)
-            .and_then(|rows| {
-                if greedy {
-                    ops::argmax(
-                        c,
-                        &mut rec,
-                        &self.scratch.logits,
-                        v,
-                        1,
-                        &self.scratch.greedy,
-                    )?;
-                }
-                Ok(rows)
-            });
+        let recorded = match checked_rows {
+            Some(rows) => Ok(rows),
+            None => self.record(&mut rec, t, pos0, all_logits && !greedy),
+        }
+        .and_then(|rows| {
+            if greedy {
+                ops::argmax(
+                    c,
+                    &mut rec,
+                    &self.scratch.logits,
+                    v,
+                    1,
+                    &self.scratch.greedy,
+                )?;
+            }
+            Ok(rows)
+        });
         self.bind_groups = rec.take_cache();
         let rows = recorded.map_err(gpu_err)?;
         let (source, size) = if greedy {

@@ -351,11 +351,31 @@ fn thinking_options(
 
 /// Render and tokenize (shared by messages and count_tokens).
 fn prepare(model: &LoadedModel, req: &MessagesRequest) -> Result<(PreparedPrompt, bool), ApiError> {
-    let messages = convert_messages(req.system.as_ref(), &req.messages)?;
+    let mut messages = convert_messages(req.system.as_ref(), &req.messages)?;
+    // A conversation that ends with an assistant turn asks for that turn to be continued
+    // ("prefill"): the model writes on from its text instead of starting a new turn.
+    let assistant_prefill = match messages.last() {
+        Some(last)
+            if last.role == "assistant"
+                && last.tool_calls.is_empty()
+                && messages
+                    .iter()
+                    .any(|m| m.role == "user" || m.role == "tool")
+                && last.content.as_deref().is_some_and(|c| !c.is_empty()) =>
+        {
+            messages.pop().and_then(|m| m.content)
+        }
+        _ => None,
+    };
     let tools = convert_tools(req.tools.as_deref().unwrap_or_default())?;
     let (tool_choice, parallel) = parse_tool_choice(req.tool_choice.as_ref())?;
-    let (enable_thinking, reasoning_effort) =
+    let (mut enable_thinking, reasoning_effort) =
         thinking_options(req.thinking.as_ref(), req.output_config.as_ref())?;
+    // A prefill is the start of the visible answer, which comes after the reasoning: unless the
+    // client asked for thinking, close the think block so the prefill is answer text.
+    if assistant_prefill.is_some() && enable_thinking.is_none() {
+        enable_thinking = Some(false);
+    }
     let chat = ChatPrompt {
         messages,
         tools,
@@ -363,6 +383,7 @@ fn prepare(model: &LoadedModel, req: &MessagesRequest) -> Result<(PreparedPrompt
         enable_thinking,
         reasoning_effort,
         extra: Map::new(),
+        assistant_prefill,
     };
     Ok((prompt::prepare_chat(model, chat, FLAVOR)?, parallel))
 }

@@ -197,6 +197,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{model_id}", get(openai::model_by_id))
+        // Without the /v1 prefix too: clients configured with a bare `http://host:port` base URL
+        // (as llama.cpp's server allows) then work unchanged.
+        .route("/chat/completions", post(openai::chat_completions))
+        .route("/completions", post(openai::completions))
+        .route("/models", get(openai::models))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(metrics_handler))
@@ -310,11 +315,12 @@ async fn not_found(request: Request) -> ApiError {
 
 async fn method_not_allowed(request: Request) -> ApiError {
     let path = request.uri().path();
-    let expected = if path == "/health" || path == "/metrics" || path.starts_with("/v1/models") {
-        "GET"
-    } else {
-        "POST"
-    };
+    let expected =
+        if ["/health", "/metrics", "/models"].contains(&path) || path.starts_with("/v1/models") {
+            "GET"
+        } else {
+            "POST"
+        };
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         format!(
@@ -377,6 +383,10 @@ async fn require_api_key(State(state): State<AppState>, request: Request, next: 
 async fn record_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let start = Instant::now();
     let path = request.uri().path().to_string();
+    let path = match path.as_str() {
+        "/chat/completions" | "/completions" | "/models" => format!("/v1{path}"),
+        _ => path,
+    };
     let endpoint = match path.as_str() {
         "/v1/chat/completions"
         | "/v1/completions"
@@ -426,7 +436,10 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(
     }
     // Parse in two steps: syntax first (errors with line and column), then the shape, so a body
     // that is valid JSON but not an object is told so instead of getting a field-level riddle.
-    let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+    // Windows tools (PowerShell, some .NET clients) prefix a UTF-8 byte-order mark, which JSON
+    // forbids but which carries no meaning: skip it rather than fail at "line 1 column 1".
+    let text = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
+    let json: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
         ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
             .with_flavor(flavor)
     })?;

@@ -35,6 +35,9 @@ pub struct ChatPrompt {
     pub reasoning_effort: Option<String>,
     /// Extra template variables (`chat_template_kwargs`).
     pub extra: Map<String, Value>,
+    /// Text the answer must start with (Anthropic's trailing assistant message): appended after
+    /// the generation prompt, and the model continues from it.
+    pub assistant_prefill: Option<String>,
 }
 
 /// The result of rendering: what to feed and how to read the output.
@@ -172,10 +175,13 @@ pub fn prepare_chat(
         },
         extra: prompt.extra.clone(),
     };
-    let text = template.render(&prompt.messages, &options).map_err(|e| {
+    let mut text = template.render(&prompt.messages, &options).map_err(|e| {
         ApiError::bad_request(format!("the chat template refused this conversation: {e}"))
             .with_flavor(flavor)
     })?;
+    if let Some(prefill) = &prompt.assistant_prefill {
+        text.push_str(prefill);
+    }
     let ids = model.tokenizer.encode(&text, true).map_err(|e| {
         ApiError::bad_request(format!("cannot tokenize the prompt: {e}")).with_flavor(flavor)
     })?;
