@@ -69,6 +69,15 @@ fn gdn_conv(@builtin(global_invocation_id) id: vec3<u32>) {
 @group(0) @binding(8) var<storage, read_write> O: array<f32>;    // [T, n_v_heads*dv]
 
 const MAX_DK: u32 = 128u;
+// A workgroup owns COL_LANES value columns of one head; the key dimension of each column is split
+// over KEY_GROUPS invocations holding KEY_PER_THREAD state entries each (i = g + KEY_GROUPS * j),
+// in registers. (One invocation per column walking all 128 keys kept its state in a dynamically
+// indexed private array, i.e. in local memory, and ran 256 dependent steps per token.)
+const COL_LANES: u32 = 32u;
+const KEY_GROUPS: u32 = 8u;
+const KEY_PER_THREAD: u32 = MAX_DK / KEY_GROUPS;
+
+var<workgroup> partial: array<f32, 256>; // [KEY_GROUPS][COL_LANES]
 
 fn softplus(v: f32) -> f32 {
     if (v > 20.0) {
@@ -77,44 +86,87 @@ fn softplus(v: f32) -> f32 {
     return log(1.0 + exp(v));
 }
 
-// One invocation per (value head, value column): it owns column `col` of that head's state, so
-// every sum runs sequentially over the key dimension, in order.
-@compute @workgroup_size(64)
-fn gdn_recurrence(@builtin(global_invocation_id) id: vec3<u32>) {
-    let flat = id.x;
-    if (flat >= p.n_v_heads * p.dv) {
-        return;
+// Sum of the KEY_GROUPS partials of column lane `x`, always in the same binary-tree order
+// (groups 0+4, 1+5, ... then 0+2, 1+3, then 0+1), so the result never depends on the token count.
+fn key_sum(v: f32, x: u32, g: u32) -> f32 {
+    partial[g * COL_LANES + x] = v;
+    workgroupBarrier();
+    for (var half = KEY_GROUPS / 2u; half > 0u; half >>= 1u) {
+        if (g < half) {
+            partial[g * COL_LANES + x] = partial[g * COL_LANES + x] + partial[(g + half) * COL_LANES + x];
+        }
+        workgroupBarrier();
     }
-    let head = flat / p.dv;
-    let col = flat % p.dv;
+    let total = partial[x];
+    // Everyone has read the total before the next call overwrites the slots.
+    workgroupBarrier();
+    return total;
+}
+
+// Workgroup (column block, value head); invocation (column lane x, key group g). Per token, each
+// column's two key-dimension dot products are partial sums in key order per group, then
+// `key_sum`; the state update is elementwise. Tokens are walked in order.
+@compute @workgroup_size(32, 8)
+fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let x = lid.x;
+    let g = lid.y;
+    let head = wg.y;
+    let col = wg.x * COL_LANES + x;
+    // No early return: every invocation takes part in the barriers.
+    let column_valid = col < p.dv && head < p.n_v_heads;
     let kh = head % p.n_k_heads; // GGUF (tiled) value-head order
-    var s: array<f32, MAX_DK>;
     let base = head * p.dk * p.dv;
-    for (var i = 0u; i < p.dk; i++) {
-        s[i] = S[base + i * p.dv + col];
+    var s: array<f32, KEY_PER_THREAD>;
+    for (var j = 0u; j < KEY_PER_THREAD; j++) {
+        let i = g + KEY_GROUPS * j;
+        if (column_valid && i < p.dk) {
+            s[j] = S[base + i * p.dv + col];
+        } else {
+            s[j] = 0.0;
+        }
     }
     let nv = p.n_v_heads;
     for (var t = 0u; t < p.tokens; t++) {
         let row = t * p.channels;
         let q0 = row + kh * p.dk;
         let k0 = row + p.key_dim + kh * p.dk;
-        let v = QKV[row + 2u * p.key_dim + head * p.dv + col];
-        let beta = 1.0 / (1.0 + exp(-BA[t * 2u * nv + head]));
-        let decay = exp(GP[nv + head] * softplus(BA[t * 2u * nv + nv + head] + GP[head]));
+        var v = 0.0;
+        var beta = 0.0;
+        var decay = 0.0;
+        if (column_valid) {
+            v = QKV[row + 2u * p.key_dim + head * p.dv + col];
+            beta = 1.0 / (1.0 + exp(-BA[t * 2u * nv + head]));
+            decay = exp(GP[nv + head] * softplus(BA[t * 2u * nv + nv + head] + GP[head]));
+        }
+        var kv: array<f32, KEY_PER_THREAD>;
+        var qv: array<f32, KEY_PER_THREAD>;
         var predicted = 0.0;
-        for (var i = 0u; i < p.dk; i++) {
-            s[i] *= decay;
-            predicted += s[i] * QKV[k0 + i];
+        for (var j = 0u; j < KEY_PER_THREAD; j++) {
+            let i = g + KEY_GROUPS * j;
+            kv[j] = 0.0;
+            qv[j] = 0.0;
+            if (column_valid && i < p.dk) {
+                kv[j] = QKV[k0 + i];
+                qv[j] = QKV[q0 + i];
+            }
+            s[j] *= decay;
+            predicted += s[j] * kv[j];
         }
-        let delta = (v - predicted) * beta;
+        let delta = (v - key_sum(predicted, x, g)) * beta;
         var out = 0.0;
-        for (var i = 0u; i < p.dk; i++) {
-            s[i] += QKV[k0 + i] * delta;
-            out += s[i] * QKV[q0 + i];
+        for (var j = 0u; j < KEY_PER_THREAD; j++) {
+            s[j] += kv[j] * delta;
+            out += s[j] * qv[j];
         }
-        O[t * nv * p.dv + head * p.dv + col] = out;
+        let total = key_sum(out, x, g);
+        if (column_valid && g == 0u) {
+            O[t * nv * p.dv + head * p.dv + col] = total;
+        }
     }
-    for (var i = 0u; i < p.dk; i++) {
-        S[base + i * p.dv + col] = s[i];
+    for (var j = 0u; j < KEY_PER_THREAD; j++) {
+        let i = g + KEY_GROUPS * j;
+        if (column_valid && i < p.dk) {
+            S[base + i * p.dv + col] = s[j];
+        }
     }
 }

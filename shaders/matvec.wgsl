@@ -30,54 +30,104 @@ var<immediate> p: Params;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<storage, read> IDS: array<u32>;
 
-const WG: u32 = 64u;
-// Rows handled by one workgroup; its subgroups share them grid-stride, so any subgroup size works.
-const ROWS_PER_WG: u32 = 8u;
+// 256 invocations: 8 subgroups on NVIDIA (32 lanes), 4 on AMD (64), 32 on lavapipe (8). Rows are
+// handed out grid-stride over the subgroups, so any subgroup size works; each subgroup computes
+// ROWS_PER_SG rows at once (x read once per chunk for both, and two independent dequant chains in
+// flight), instead of walking its rows one after the other (that serial latency made small
+// mat-vecs cost tens of microseconds).
+const WG: u32 = 256u;
+const ROWS_PER_SG: u32 = 2u;
+// Rows handled by one workgroup (the launcher's grid assumes this many).
+const ROWS_PER_WG: u32 = 16u;
 
-// Sequential fma over the 32 values of the current chunk, in index order, against x[xb..xb+32].
-fn chunk_dot(xb: u32) -> f32 {
+// The first row's dequantized chunk while the second row's is made in `wq`.
+var<private> wq_first: array<f32, 32>;
+
+// Sequential fma over the 32 values of the chunk in `wq_first` (.x) and in `wq` (.y), in index
+// order, against x[xb..xb+32]: each x value is loaded once for both rows, and each row's sum is
+// exactly the single-row sequence.
+fn chunk_dot_pair(xb: u32) -> vec2<f32> {
     let v0 = xb >> 2u;
-    var s = 0.0;
+    var a = 0.0;
+    var b = 0.0;
     for (var k = 0u; k < 8u; k++) {
         let x = X[v0 + k];
-        s = fma(wq[4u * k], x.x, s);
-        s = fma(wq[4u * k + 1u], x.y, s);
-        s = fma(wq[4u * k + 2u], x.z, s);
-        s = fma(wq[4u * k + 3u], x.w, s);
+        a = fma(wq_first[4u * k], x.x, a);
+        a = fma(wq_first[4u * k + 1u], x.y, a);
+        a = fma(wq_first[4u * k + 2u], x.z, a);
+        a = fma(wq_first[4u * k + 3u], x.w, a);
+        b = fma(wq[4u * k], x.x, b);
+        b = fma(wq[4u * k + 1u], x.y, b);
+        b = fma(wq[4u * k + 2u], x.z, b);
+        b = fma(wq[4u * k + 3u], x.w, b);
     }
-    return s;
-}
-
-fn row_dot(row_byte: u32, x_base: u32, lane: u32, sg_size: u32) -> f32 {
-    let chunks = p.k / 32u;
-    let chunks_per_block = QK / 32u;
-    var acc = 0.0;
-    for (var c = lane; c < chunks; c += sg_size) {
-        dequant_chunk(row_byte + (c / chunks_per_block) * BLOCK_BYTES, c % chunks_per_block);
-        acc += chunk_dot(x_base + c * 32u);
-    }
-    return subgroupAdd(acc);
+    return vec2<f32>(a, b);
 }
 
 // Up to TILE x vectors share each dequantized chunk (prefill reads every weight once per tile, not
-// once per token). Each vector still gets exactly the per-item sequence of `row_dot`: its own
-// chunk sums, added in chunk order, then one subgroupAdd - so its bits do not depend on the tile
-// it lands in or on how many vectors the dispatch has.
+// once per token). Each (row, vector) still gets exactly one sequence whatever the tile or the
+// number of vectors: lane l takes chunks l, l+S, ... in order, sums each chunk sequentially with
+// fma, adds the chunk sums in order, then one subgroupAdd - so its bits do not depend on the tile
+// it lands in, on how many vectors the dispatch has, or on the row it is paired with.
 const TILE: u32 = 4u;
 
-fn row_dot_tile(row_byte: u32, first_item: u32, n_items: u32, lane: u32, sg_size: u32) -> vec4<f32> {
+struct RowPair {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// Rows starting at bytes `row_a` and `row_b` against the vectors at `x_base`, `x_base + x_stride`,
+// ... (`n_items` of them, components past it stay 0). `has_b` false: row b is not read and its
+// sums are meaningless (the caller does not store them).
+fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, lane: u32,
+                sg_size: u32) -> RowPair {
     let chunks = p.k / 32u;
     let chunks_per_block = QK / 32u;
-    var acc = vec4<f32>(0.0);
+    var acc_a = vec4<f32>(0.0);
+    var acc_b = vec4<f32>(0.0);
     for (var c = lane; c < chunks; c += sg_size) {
-        dequant_chunk(row_byte + (c / chunks_per_block) * BLOCK_BYTES, c % chunks_per_block);
-        for (var i = 0u; i < TILE; i++) {
-            if (i < n_items) {
-                acc[i] += chunk_dot(p.x_offset + (first_item + i) * p.x_stride + c * 32u);
-            }
+        let block_offset = (c / chunks_per_block) * BLOCK_BYTES;
+        let sub = c % chunks_per_block;
+        let xb = x_base + c * 32u;
+        dequant_chunk(row_a + block_offset, sub);
+        wq_first = wq;
+        if (has_b) {
+            dequant_chunk(row_b + block_offset, sub);
+        }
+        let s0 = chunk_dot_pair(xb);
+        acc_a.x += s0.x;
+        acc_b.x += s0.y;
+        if (n_items > 1u) {
+            let s1 = chunk_dot_pair(xb + p.x_stride);
+            acc_a.y += s1.x;
+            acc_b.y += s1.y;
+        }
+        if (n_items > 2u) {
+            let s2 = chunk_dot_pair(xb + 2u * p.x_stride);
+            acc_a.z += s2.x;
+            acc_b.z += s2.y;
+        }
+        if (n_items > 3u) {
+            let s3 = chunk_dot_pair(xb + 3u * p.x_stride);
+            acc_a.w += s3.x;
+            acc_b.w += s3.y;
         }
     }
-    return vec4<f32>(subgroupAdd(acc.x), subgroupAdd(acc.y), subgroupAdd(acc.z), subgroupAdd(acc.w));
+    return RowPair(subgroupAdd(acc_a), subgroupAdd(acc_b));
+}
+
+fn store_items(row: u32, first_item: u32, n_items: u32, v: vec4<f32>) {
+    let base = first_item * p.y_stride + p.y_offset + row;
+    Y[base] = v.x;
+    if (n_items > 1u) {
+        Y[base + p.y_stride] = v.y;
+    }
+    if (n_items > 2u) {
+        Y[base + 2u * p.y_stride] = v.z;
+    }
+    if (n_items > 3u) {
+        Y[base + 3u * p.y_stride] = v.w;
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -91,15 +141,19 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
         return;
     }
     let n_items = min(TILE, p.items - first_item);
-    for (var r = sg_id; r < ROWS_PER_WG; r += n_sg) {
+    let x_base = p.x_offset + first_item * p.x_stride;
+    for (var r = sg_id * ROWS_PER_SG; r < ROWS_PER_WG; r += n_sg * ROWS_PER_SG) {
         let row = wg.x * ROWS_PER_WG + r;
         if (row >= p.rows) {
             break;
         }
-        let v = row_dot_tile(row * p.row_bytes, first_item, n_items, lane, sg_size);
+        let has_b = ROWS_PER_SG > 1u && row + 1u < p.rows;
+        let v = row_pair_dot(row * p.row_bytes, (row + 1u) * p.row_bytes, has_b, x_base, n_items,
+                             lane, sg_size);
         if (lane == 0u) {
-            for (var i = 0u; i < n_items; i++) {
-                Y[(first_item + i) * p.y_stride + p.y_offset + row] = v[i];
+            store_items(row, first_item, n_items, v.a);
+            if (has_b) {
+                store_items(row + 1u, first_item, n_items, v.b);
             }
         }
     }
@@ -125,14 +179,19 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
     }
     let x_base = p.x_offset + x_index * p.x_stride;
     let first_row = (expert - p.expert_first) * p.rows;
-    for (var r = sg_id; r < ROWS_PER_WG; r += n_sg) {
+    for (var r = sg_id * ROWS_PER_SG; r < ROWS_PER_WG; r += n_sg * ROWS_PER_SG) {
         let row = wg.x * ROWS_PER_WG + r;
         if (row >= p.rows) {
             break;
         }
-        let v = row_dot((first_row + row) * p.row_bytes, x_base, lane, sg_size);
+        let has_b = ROWS_PER_SG > 1u && row + 1u < p.rows;
+        let v = row_pair_dot((first_row + row) * p.row_bytes, (first_row + row + 1u) * p.row_bytes,
+                             has_b, x_base, 1u, lane, sg_size);
         if (lane == 0u) {
-            Y[item * p.y_stride + p.y_offset + row] = v;
+            Y[item * p.y_stride + p.y_offset + row] = v.a.x;
+            if (has_b) {
+                Y[item * p.y_stride + p.y_offset + row + 1u] = v.b.x;
+            }
         }
     }
 }
@@ -141,7 +200,9 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
 // (global row id; rows outside this part are skipped) is written `reps` times, `rep_stride` apart.
 // Reuses the Params fields: rows = rows in this part, y_offset = first global row of this part,
 // x_stride = reps, x_offset = rep_stride.
-@compute @workgroup_size(WG)
+const GET_ROWS_WG: u32 = 64u;
+
+@compute @workgroup_size(GET_ROWS_WG)
 fn get_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let item = wg.y + wg.z * 65535u;
     if (item >= p.items) {
@@ -153,7 +214,7 @@ fn get_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     }
     let row_byte = (global_row - p.y_offset) * p.row_bytes;
     let chunks_per_block = QK / 32u;
-    let c = wg.x * WG + lid.x;
+    let c = wg.x * GET_ROWS_WG + lid.x;
     if (c >= p.k / 32u) {
         return;
     }

@@ -6,8 +6,10 @@
 //! * `--synthetic matvec`: the dequantizing mat-vec per quant type at real widths (random valid
 //!   blocks) against the same streaming-read figure — the kernel roofline.
 //!
-//! Times are host wall clock around submit + wait (per-kernel GPU timestamps are not collected
-//! yet); every measurement is taken after a warm-up run.
+//! The synthetic mat-vec and the streaming read are timed with GPU timestamps around each dispatch
+//! when the adapter has them (else host wall clock with the measured submit + wait overhead of an
+//! empty submission subtracted); model prefill/decode rates are host wall clock, with a per-kernel
+//! GPU-timestamp profile of one decode step. Every measurement is taken after a warm-up run.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -84,9 +86,71 @@ fn gpu_context() -> anyhow::Result<Arc<GpuContext>> {
     Ok(ctx)
 }
 
-/// Streaming read bandwidth in GB/s: a 16-byte-load xor reduction over the largest buffer the
-/// adapter binds (capped at 1 GiB), best of several passes.
-fn streaming_read_gbps(ctx: &GpuContext) -> anyhow::Result<f64> {
+/// GPU nanoseconds of each dispatch of `rec`, from timestamps written between the dispatches of
+/// one pass; `None` when the adapter has no timestamps inside passes.
+fn dispatch_gpu_ns(ctx: &GpuContext, rec: &Recorder) -> anyhow::Result<Option<Vec<f64>>> {
+    let Some(stamps) = rec.timestamps(ctx) else {
+        return Ok(None);
+    };
+    let mut encoder = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("bench timestamps"),
+        });
+    rec.encode(&mut encoder, Some(&stamps.set));
+    stamps.resolve(&mut encoder);
+    ctx.queue.submit([encoder.finish()]);
+    ctx.wait()?;
+    Ok(Some(
+        stamps
+            .read(ctx, rec)?
+            .into_iter()
+            .map(|(_, ns)| ns)
+            .collect(),
+    ))
+}
+
+/// Host seconds of the fastest of `runs` submit + wait round trips of `rec`.
+fn best_wall_seconds(ctx: &GpuContext, rec: &Recorder, runs: usize) -> anyhow::Result<f64> {
+    let mut best = f64::INFINITY;
+    for _ in 0..runs {
+        let start = Instant::now();
+        rec.run(ctx)?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Host round trip of a submission holding one empty-range dispatch: the fixed cost that wall
+/// clock timings include on top of the GPU work.
+fn submit_overhead_seconds(ctx: &GpuContext) -> anyhow::Result<f64> {
+    let src = GpuBuf::zeros(ctx, "overhead probe", 4)?;
+    let out = GpuBuf::zeros(ctx, "overhead probe out", 256)?;
+    let mut rec = Recorder::new();
+    rec.push(
+        ctx,
+        &PipelineKey::new("read", "read_stream"),
+        &[(0, &src.buffer), (1, &out.buffer)],
+        bytemuck::bytes_of(&0u32),
+        [1, 1, 1],
+    )?;
+    rec.run(ctx)?;
+    best_wall_seconds(ctx, &rec, 20)
+}
+
+/// Streaming read bandwidth: a 16-byte-load xor reduction over the largest buffer the adapter
+/// binds (capped at 1 GiB), best of several passes.
+struct StreamingRead {
+    gbps: f64,
+    timing: &'static str,
+}
+
+fn streaming_read(ctx: &GpuContext, overhead: f64) -> anyhow::Result<StreamingRead> {
     let bytes = (ctx.max_binding_bytes().min(1 << 30) as usize) / 16 * 16;
     let words = bytes / 4;
     let src = GpuBuf::zeros(ctx, "read probe", words)?;
@@ -112,13 +176,29 @@ fn streaming_read_gbps(ctx: &GpuContext) -> anyhow::Result<f64> {
         [workgroups as u32, 1, 1],
     )?;
     rec.run(ctx)?;
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let start = Instant::now();
-        rec.run(ctx)?;
-        best = best.min(start.elapsed().as_secs_f64());
+    if dispatch_gpu_ns(ctx, &rec)?.is_some() {
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            if let Some(ns) = dispatch_gpu_ns(ctx, &rec)? {
+                best = best.min(ns.iter().sum::<f64>() * 1e-9);
+            }
+        }
+        return Ok(StreamingRead {
+            gbps: bytes as f64 / best / 1e9,
+            timing: "GPU timestamps, best of 5",
+        });
     }
-    Ok(bytes as f64 / best / 1e9)
+    let wall = best_wall_seconds(ctx, &rec, 5)?;
+    Ok(StreamingRead {
+        gbps: bytes as f64 / (wall - overhead).max(1e-9) / 1e9,
+        timing: "host wall clock minus submit overhead, best of 5",
+    })
+}
+
+/// Streaming read bandwidth in GB/s (see [`streaming_read`]).
+fn streaming_read_gbps(ctx: &GpuContext) -> anyhow::Result<f64> {
+    let overhead = submit_overhead_seconds(ctx)?;
+    Ok(streaming_read(ctx, overhead)?.gbps)
 }
 
 #[derive(serde::Serialize)]
@@ -127,14 +207,22 @@ struct MatvecRow {
     rows: usize,
     cols: usize,
     weight_bytes: usize,
-    microseconds: f64,
+    /// Weights + x + y: what one mat-vec must move at least.
+    bytes_moved: usize,
+    /// Median GPU time of one mat-vec dispatch (None without timestamps).
+    gpu_microseconds: Option<f64>,
+    /// Host wall clock of the rotating pass divided by its mat-vecs, after subtracting the
+    /// submit + wait overhead of an empty submission.
+    wall_microseconds: f64,
+    /// `bytes_moved` over the GPU time when measured, else over the wall time.
     gbps: f64,
     fraction_of_streaming_read: f64,
 }
 
 fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
     let ctx = gpu_context()?;
-    let read = streaming_read_gbps(&ctx)?;
+    let overhead = submit_overhead_seconds(&ctx)?;
+    let read = streaming_read(&ctx, overhead)?;
     let types: Vec<GgmlType> = match &args.quant {
         Some(list) => list
             .split(',')
@@ -165,7 +253,8 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
                 &bytes,
             )?);
         }
-        let x = GpuBuf::from_f32(&ctx, "x", &vec![0.5f32; cols])?;
+        let x_values: Vec<f32> = (0..cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+        let x = GpuBuf::from_f32(&ctx, "x", &x_values)?;
         let y = GpuBuf::zeros(&ctx, "y", rows)?;
         let mut rec = Recorder::new();
         for w in &weights {
@@ -179,36 +268,49 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
             )?;
         }
         rec.run(&ctx)?;
-        let mut best = f64::INFINITY;
+        let mut gpu_samples = Vec::new();
         for _ in 0..3 {
-            let start = Instant::now();
-            rec.run(&ctx)?;
-            best = best.min(start.elapsed().as_secs_f64());
+            if let Some(ns) = dispatch_gpu_ns(&ctx, &rec)? {
+                gpu_samples.extend(ns);
+            }
         }
-        let per = best / copies as f64;
+        let gpu_seconds = (!gpu_samples.is_empty()).then(|| median(gpu_samples) * 1e-9);
+        let wall = (best_wall_seconds(&ctx, &rec, 3)? - overhead).max(1e-9) / copies as f64;
         let weight_bytes = weights[0].bytes();
-        let gbps = weight_bytes as f64 / per / 1e9;
+        let bytes_moved = weight_bytes + 4 * (rows + cols);
+        let gbps = bytes_moved as f64 / gpu_seconds.unwrap_or(wall) / 1e9;
         table.push(MatvecRow {
             quant: ty.name().to_string(),
             rows,
             cols,
             weight_bytes,
-            microseconds: per * 1e6,
+            bytes_moved,
+            gpu_microseconds: gpu_seconds.map(|s| s * 1e6),
+            wall_microseconds: wall * 1e6,
             gbps,
-            fraction_of_streaming_read: gbps / read,
+            fraction_of_streaming_read: gbps / read.gbps,
         });
     }
-    eprintln!("streaming read: {read:.1} GB/s");
     eprintln!(
-        "{:<8} {:>12} {:>10} {:>8} {:>7}",
-        "quant", "bytes", "us", "GB/s", "of read"
+        "streaming read: {:.1} GB/s ({}); submit + wait overhead {:.1} us (subtracted from wall)",
+        read.gbps,
+        read.timing,
+        overhead * 1e6
+    );
+    eprintln!(
+        "{:<8} {:>12} {:>10} {:>10} {:>8} {:>7}",
+        "quant", "bytes", "gpu us", "wall us", "GB/s", "of read"
     );
     for r in &table {
+        let gpu = r
+            .gpu_microseconds
+            .map_or_else(|| "-".to_string(), |us| format!("{us:.1}"));
         eprintln!(
-            "{:<8} {:>12} {:>10.1} {:>8.1} {:>6.1}%",
+            "{:<8} {:>12} {:>10} {:>10.1} {:>8.1} {:>6.1}%",
             r.quant,
-            r.weight_bytes,
-            r.microseconds,
+            r.bytes_moved,
+            gpu,
+            r.wall_microseconds,
             r.gbps,
             r.fraction_of_streaming_read * 100.0
         );
@@ -216,8 +318,12 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::json!({
         "benchmark": "matvec",
         "adapter": ctx.adapter,
-        "timing": "host wall clock of 8 rotating matrices in one submission, best of 3",
-        "streaming_read_gbps": read,
+        "timing": "per mat-vec: median GPU timestamp of 8 rotating matrices x 3 passes when the \
+                   adapter has timestamps (gbps uses it); wall = best of 3 passes minus the \
+                   submit overhead, divided by 8",
+        "submit_overhead_microseconds": overhead * 1e6,
+        "streaming_read_gbps": read.gbps,
+        "streaming_read_timing": read.timing,
         "results": table,
     }))
 }

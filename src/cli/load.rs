@@ -10,6 +10,7 @@ use crate::engine::Backend;
 use crate::gguf::Gguf;
 use crate::model::CpuBackend;
 use crate::model::demo::demo_gguf;
+use crate::tiers::TierArgs;
 
 /// The model flags every model-using subcommand shares (`#[command(flatten)]` them).
 #[derive(clap::Args, Debug, Clone)]
@@ -23,6 +24,9 @@ pub struct ModelArgs {
     /// Maximum tokens per sequence (0 = the model's context length).
     #[arg(long, default_value_t = 0)]
     pub ctx: usize,
+    /// Memory tiers: VRAM budget, expert slots, host experts, PLE reader.
+    #[command(flatten)]
+    pub tiers: crate::tiers::TierArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +43,7 @@ impl ModelArgs {
     /// Opens the model and loads the chosen backend.
     pub fn load(&self) -> anyhow::Result<Arc<dyn Backend>> {
         let gguf = open_gguf(self.model.as_deref())?;
-        load_backend(gguf, self.backend, self.ctx)
+        load_backend_with(gguf, self.backend, self.ctx, &self.tiers)
     }
 }
 
@@ -96,13 +100,25 @@ pub fn load_backend(
     choice: BackendChoice,
     ctx: usize,
 ) -> anyhow::Result<Arc<dyn Backend>> {
+    load_backend_with(gguf, choice, ctx, &TierArgs::default())
+}
+
+/// [`load_backend`] with the memory-tier options (`ModelArgs::tiers`). The tiers shape the GPU
+/// backend; the CPU reference keeps every weight in the memory map and ignores them.
+pub fn load_backend_with(
+    gguf: Arc<Gguf>,
+    choice: BackendChoice,
+    ctx: usize,
+    tiers: &TierArgs,
+) -> anyhow::Result<Arc<dyn Backend>> {
     match choice {
         BackendChoice::Cpu => load_cpu(gguf, ctx),
         BackendChoice::Auto | BackendChoice::Gpu => {
-            match crate::gpu::backend::load_for_cli(
+            match crate::gpu::backend::load_for_cli_with(
                 gguf.clone(),
                 ctx,
                 choice == BackendChoice::Gpu,
+                tiers,
             )? {
                 Some(backend) => Ok(backend),
                 None => load_cpu(gguf, ctx),
@@ -119,4 +135,39 @@ fn load_cpu(gguf: Arc<Gguf>, ctx: usize) -> anyhow::Result<Arc<dyn Backend>> {
             .with_context(|| format!("loading {name} on the CPU"))?;
     progress.finish();
     Ok(Arc::new(backend))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    #[test]
+    fn model_args_carry_the_tier_flags() {
+        let cli = Cli::try_parse_from([
+            "strata",
+            "--backend",
+            "gpu",
+            "--vram-budget",
+            "6GiB",
+            "--experts",
+            "ram",
+            "--ple-io",
+            "read",
+        ])
+        .expect("parse");
+        assert_eq!(cli.model.backend, BackendChoice::Gpu);
+        assert_eq!(cli.model.tiers.vram_budget, Some(6 << 30));
+        assert_eq!(cli.model.tiers.experts, crate::tiers::ExpertsArg::Ram);
+        assert_eq!(cli.model.tiers.ple_io, crate::tiers::IoMode::Read);
+        let defaults = Cli::try_parse_from(["strata"]).expect("parse").model.tiers;
+        assert_eq!(defaults.vram_budget, None);
+        assert_eq!(defaults.experts, crate::tiers::ExpertsArg::Mmap);
+    }
 }

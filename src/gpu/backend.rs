@@ -1,6 +1,11 @@
-//! The whole model on the GPU: every weight in VRAM (the PLE table stays mmapped on the host, as the
-//! spec recommends: its rows are hashed, gathered and dequantized on the CPU), one compute pass and
-//! one submission per chunk of tokens, one host sync per chunk (the logits readback).
+//! The whole model on the GPU: dense weights in VRAM (the PLE table stays on the host, as the spec
+//! recommends: its rows are hashed, gathered through the checked [`PleRowReader`] and dequantized
+//! on the CPU), one compute pass and one submission per chunk of tokens, one host sync per chunk
+//! (the logits readback).
+//!
+//! Routed experts are either all resident (the default, and whenever `--vram-budget` leaves room
+//! for every one) or tiered (`gpu::tiered`): VRAM slots filled from the host tier as the router
+//! asks, at the cost of one sync per layer. Both run the same expert kernel, so the bits agree.
 //!
 //! Bit-identity across chunk sizes: every kernel computes each output element with one fixed
 //! reduction order that does not depend on how many tokens the dispatch covers, and the recurrent
@@ -19,7 +24,9 @@ use crate::model::weights::{HcWeights, MixerWeights, QuantMatrix, Weights};
 use super::buffers::{GpuBuf, GpuWeight, read_staging};
 use super::kernels::{self, BindGroupCache, Recorder, View};
 use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
+use super::tiered::{ExpertTier, TierStats, plan_for_budget};
 use super::{GpuContext, GpuError, list_adapters};
+use crate::tiers::{MemoryPlan, PleReadError, PleRowReader, TierArgs, format_size};
 
 /// Default cap on tokens per sequence on the GPU (KV caches are allocated up front).
 pub const DEFAULT_GPU_CONTEXT: usize = 32768;
@@ -78,11 +85,17 @@ struct SharedGpu {
     gate_inp: GpuWeight,
 }
 
-struct MoeGpu {
-    router: GpuWeight,
+/// The routed experts of one layer, whole, when every expert is resident.
+struct ResidentExperts {
     gate: GpuWeight,
     up: GpuWeight,
     down: GpuWeight,
+}
+
+struct MoeGpu {
+    router: GpuWeight,
+    /// `None` in tiered mode: the experts come through the backend's slot arenas.
+    experts: Option<ResidentExperts>,
     shared: Option<SharedGpu>,
 }
 
@@ -119,6 +132,13 @@ pub struct GpuBackend {
     /// `STRATA_GPU_CHECK=1`: check the residual after every layer (slow; names the first bad stage).
     check_stages: bool,
     weight_bytes: usize,
+    /// Tiered mode: the expert slot arenas and their slot table (`None`: every expert resident).
+    tier: Option<ExpertTier>,
+    /// The VRAM plan, when `--vram-budget` asked for one.
+    plan: Option<MemoryPlan>,
+    /// Checked PLE row gathers from the file (`None` for a model held in memory, whose table is
+    /// read and checked by the weight view instead).
+    ple_reader: Option<PleRowReader>,
     _gguf: Arc<Gguf>,
 }
 
@@ -154,6 +174,47 @@ fn upload_experts(
     )
 }
 
+/// The checked PLE row reader of a model on disk (`--ple-io`, `--ple-row-cache`); `None` for a
+/// model without a PLE table or held in memory (the built-in demo).
+fn open_ple_reader(gguf: &Gguf, tiers: &TierArgs) -> anyhow::Result<Option<PleRowReader>> {
+    let Some(tensor) = gguf.tensor(crate::tiers::plan::PLE_TABLE_TENSOR) else {
+        return Ok(None);
+    };
+    let on_disk = gguf
+        .shard_paths()
+        .get(tensor.shard)
+        .is_some_and(|p| !p.as_os_str().is_empty());
+    if !on_disk {
+        return Ok(None);
+    }
+    Ok(Some(PleRowReader::open_gguf(
+        gguf,
+        tiers.ple_reader_options(),
+    )?))
+}
+
+/// A PLE read error as the engine reports it: a bad row names row, position and file offset.
+fn ple_error(e: PleReadError) -> EngineError {
+    match e {
+        PleReadError::NonFinite {
+            row,
+            position,
+            file,
+            offset,
+            block,
+            field,
+            ty,
+        } => EngineError::NonFinite {
+            stage: format!(
+                "PLE table row {row} at byte offset {offset} of {file} (non-finite {field} in \
+                 block {block}, {ty})"
+            ),
+            position,
+        },
+        other => EngineError::Other(other.to_string()),
+    }
+}
+
 fn vector_as_matrix(ctx: &GpuContext, name: &str, v: &[f32]) -> Result<GpuWeight, GpuError> {
     GpuWeight::upload(
         ctx,
@@ -183,6 +244,22 @@ impl GpuBackend {
         gguf: Arc<Gguf>,
         context: usize,
     ) -> anyhow::Result<GpuBackend> {
+        Self::load_with(ctx, gguf, context, &TierArgs::default())
+    }
+
+    /// [`Self::load`] with the memory-tier options (`--vram-budget`, `--experts`, `--ple-io`, …).
+    ///
+    /// Without `--vram-budget` every weight is resident, as before: wgpu 30 cannot ask the adapter
+    /// how much memory is free, so the default is "all in VRAM", and a failed allocation tells
+    /// the user to pass a budget. With a budget the load is planned first: a clear error when even
+    /// the dense part (plus one token's experts) does not fit, all-resident when every expert
+    /// fits, otherwise tiered experts with as many slots as the budget leaves.
+    pub fn load_with(
+        ctx: Arc<GpuContext>,
+        gguf: Arc<Gguf>,
+        context: usize,
+        tiers: &TierArgs,
+    ) -> anyhow::Result<GpuBackend> {
         let config = Config::from_gguf(&gguf)?;
         let weights = Weights::bind(&gguf, &config, &mut |_, _| {})?;
         let context_length = if context == 0 {
@@ -190,6 +267,20 @@ impl GpuBackend {
         } else {
             context
         };
+        let plan = match tiers.vram_budget {
+            Some(budget) => Some(plan_for_budget(
+                &ctx,
+                &gguf,
+                context_length,
+                DEFAULT_MAX_CHUNK,
+                budget,
+            )?),
+            None => None,
+        };
+        let tiered = plan
+            .as_ref()
+            .is_some_and(|p| p.expert_slots < p.total_experts);
+        let ple_reader = open_ple_reader(&gguf, tiers)?;
         let c = &ctx;
         let token_embd = upload(c, &weights.token_embd)?;
         let output = upload(c, &weights.output)?;
@@ -270,11 +361,18 @@ impl GpuBackend {
                 }),
                 None => None,
             };
+            let experts = if tiered {
+                None
+            } else {
+                Some(ResidentExperts {
+                    gate: upload_experts(c, "ffn_gate_exps", &m.gate)?,
+                    up: upload_experts(c, "ffn_up_exps", &m.up)?,
+                    down: upload_experts(c, "ffn_down_exps", &m.down)?,
+                })
+            };
             let moe = MoeGpu {
                 router: upload(c, &m.router)?,
-                gate: upload_experts(c, "ffn_gate_exps", &m.gate)?,
-                up: upload_experts(c, "ffn_up_exps", &m.up)?,
-                down: upload_experts(c, "ffn_down_exps", &m.down)?,
+                experts,
                 shared,
             };
             layers.push(LayerGpu {
@@ -306,9 +404,58 @@ impl GpuBackend {
         weight_bytes += hc_bytes(&head_hc);
         for l in &layers {
             weight_bytes += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
-            weight_bytes +=
-                l.moe.router.bytes() + l.moe.gate.bytes() + l.moe.up.bytes() + l.moe.down.bytes();
+            weight_bytes += l.moe.router.bytes()
+                + l.moe
+                    .experts
+                    .as_ref()
+                    .map_or(0, |e| e.gate.bytes() + e.up.bytes() + e.down.bytes());
         }
+        let tier = match (&plan, tiered) {
+            (Some(plan), true) => {
+                let views: Vec<_> = weights
+                    .layers
+                    .iter()
+                    .map(|l| {
+                        (
+                            l.moe.gate.as_slice(),
+                            l.moe.up.as_slice(),
+                            l.moe.down.as_slice(),
+                        )
+                    })
+                    .collect();
+                let tier = ExpertTier::new(
+                    &ctx,
+                    Arc::clone(&gguf),
+                    plan,
+                    tiers,
+                    &views,
+                    config.moe.n_expert,
+                )?;
+                eprintln!("{}", tier.describe(plan));
+                let a = &tier.arenas;
+                weight_bytes += a.gate.bytes() + a.up.bytes() + a.down.bytes();
+                Some(tier)
+            }
+            (Some(plan), false) => {
+                if tiers.experts != crate::tiers::ExpertsArg::Mmap {
+                    eprintln!(
+                        "--experts {:?}: no host copy made, every expert is in VRAM",
+                        tiers.experts
+                    );
+                }
+                eprintln!(
+                    "memory plan: budget {}, dense weights {}, KV cache {} ({} tokens); all {} \
+                     experts resident",
+                    format_size(plan.vram_budget),
+                    format_size(plan.dense_bytes),
+                    format_size(plan.kv_bytes),
+                    plan.ctx,
+                    plan.total_experts
+                );
+                None
+            }
+            _ => None,
+        };
         ctx.wait()?;
         let info = ModelInfo {
             name: config.name.clone(),
@@ -330,8 +477,43 @@ impl GpuBackend {
             max_chunk: DEFAULT_MAX_CHUNK,
             check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
             weight_bytes,
+            tier,
+            plan,
+            ple_reader,
             _gguf: gguf,
         })
+    }
+
+    /// Expert-tier and PLE-reader counters (hit rate, uploads, rows read); `None` when every
+    /// expert is resident and the PLE table is read from memory.
+    pub fn tier_stats(&self) -> Option<TierStats> {
+        let ple = self.ple_reader.as_ref().map(|r| r.stats());
+        match &self.tier {
+            Some(tier) => Some(TierStats {
+                ple,
+                ..tier.stats()
+            }),
+            None => ple.map(|ple| TierStats {
+                ple: Some(ple),
+                ..TierStats::default()
+            }),
+        }
+    }
+
+    /// VRAM expert slots in tiered mode (`None`: every expert resident).
+    pub fn expert_slots(&self) -> Option<usize> {
+        self.tier.as_ref().map(|t| t.n_slots)
+    }
+
+    /// The VRAM plan made at load (only with `--vram-budget`).
+    pub fn memory_plan(&self) -> Option<&MemoryPlan> {
+        self.plan.as_ref()
+    }
+
+    /// The expert routing observed since load in tiered mode (save it with
+    /// `ExpertProfile::save` and pass it as `--expert-profile` next time).
+    pub fn observed_expert_profile(&self) -> Option<crate::tiers::ExpertProfile> {
+        self.tier.as_ref().map(|t| t.observed_profile())
     }
 
     /// Bytes of weights in VRAM (excluding the host-side PLE table).
@@ -362,8 +544,15 @@ impl GpuBackend {
         for l in &self.layers {
             total += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
             let m = &l.moe;
-            total += m.router.bytes()
-                + (m.gate.bytes() + m.up.bytes() + m.down.bytes()) / n_expert * used;
+            let expert_bytes = match (&m.experts, &self.tier) {
+                (Some(e), _) => (e.gate.bytes() + e.up.bytes() + e.down.bytes()) / n_expert,
+                (None, Some(t)) => {
+                    let a = &t.arenas;
+                    (a.gate.bytes() + a.up.bytes() + a.down.bytes()) / t.n_slots.max(1)
+                }
+                (None, None) => 0,
+            };
+            total += m.router.bytes() + expert_bytes * used;
             if let Some(s) = &m.shared {
                 total += s.gate.bytes() + s.up.bytes() + s.down.bytes() + s.gate_inp.bytes();
             }
@@ -448,6 +637,8 @@ struct Scratch {
     // MoE
     router: GpuBuf,
     expert_ids: GpuBuf,
+    /// Tiered mode: the slot of each (token, k) expert of the current sub-batch.
+    slot_ids: GpuBuf,
     expert_weights: GpuBuf,
     expert_gate: GpuBuf,
     expert_up: GpuBuf,
@@ -557,6 +748,7 @@ impl GpuSequence {
             attended: z("attended", t * a.n_head * a.head_dim)?,
             router: z("router", t * m.n_expert)?,
             expert_ids: z("expert ids", t * k)?,
+            slot_ids: z("expert slot ids", t * k)?,
             expert_weights: z("expert weights", t * k)?,
             expert_gate: z("expert gate", t * k * m.expert_ff)?,
             expert_up: z("expert up", t * k * m.expert_ff)?,
@@ -1070,16 +1262,13 @@ impl GpuSequence {
         )
     }
 
-    fn moe(&self, rec: &mut Recorder, w: &MoeGpu, t: usize) -> Result<(), GpuError> {
+    /// The router: expert ids and weights of every token into `scratch.expert_ids/_weights`.
+    fn moe_route(&self, rec: &mut Recorder, w: &MoeGpu, t: usize) -> Result<(), GpuError> {
         let b = &self.backend;
         let c = &*b.ctx;
         let s = &self.scratch;
-        let cfg = &b.config;
-        let m = &cfg.moe;
-        let h = cfg.n_embd;
-        let k = m.n_expert_used;
-        let f = m.expert_ff;
-        let x = View::new(&s.x_in, 0, h);
+        let m = &b.config.moe;
+        let x = View::new(&s.x_in, 0, b.config.n_embd);
         kernels::matvec(c, rec, &w.router, x, View::new(&s.router, 0, m.n_expert), t)?;
         ops::moe_router(
             c,
@@ -1088,15 +1277,37 @@ impl GpuSequence {
             &s.expert_ids,
             &s.expert_weights,
             m.n_expert,
-            k,
+            m.n_expert_used,
             t,
-        )?;
-        let items = t * k;
+        )
+    }
+
+    /// The routed experts of the chunk's tokens `tokens`: `ids` holds their `k` expert (or slot)
+    /// indices per token from index 0, `experts` the tensors (or slot arenas) they index.
+    /// Gate/up outputs use the scratch from 0 (reused per sub-batch); down outputs land at the
+    /// tokens' own rows of `scratch.expert_down`, ready for the combine.
+    fn moe_experts(
+        &self,
+        rec: &mut Recorder,
+        experts: [&GpuWeight; 3],
+        ids: &GpuBuf,
+        tokens: std::ops::Range<usize>,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let k = cfg.moe.n_expert_used;
+        let f = cfg.moe.expert_ff;
+        let [gate, up, down] = experts;
+        let items = tokens.len() * k;
+        let x = View::new(&s.x_in, tokens.start * h, h);
         kernels::matvec_expert(
             c,
             rec,
-            &w.gate,
-            &s.expert_ids,
+            gate,
+            ids,
             k,
             false,
             x,
@@ -1106,8 +1317,8 @@ impl GpuSequence {
         kernels::matvec_expert(
             c,
             rec,
-            &w.up,
-            &s.expert_ids,
+            up,
+            ids,
             k,
             false,
             x,
@@ -1118,14 +1329,25 @@ impl GpuSequence {
         kernels::matvec_expert(
             c,
             rec,
-            &w.down,
-            &s.expert_ids,
+            down,
+            ids,
             k,
             true,
             View::new(&s.expert_gate, 0, f),
-            View::new(&s.expert_down, 0, h),
+            View::new(&s.expert_down, tokens.start * k * h, h),
             items,
-        )?;
+        )
+    }
+
+    /// Shared expert and the weighted combine of the routed experts' outputs.
+    fn moe_finish(&self, rec: &mut Recorder, w: &MoeGpu, t: usize) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let k = cfg.moe.n_expert_used;
+        let x = View::new(&s.x_in, 0, h);
         let shared = match &w.shared {
             Some(sh) => {
                 let sf = sh.gate.n_rows;
@@ -1158,6 +1380,54 @@ impl GpuSequence {
         )
     }
 
+    /// Tiered experts of layer `index`: submit what `rec` holds (the layer up to the router), read
+    /// the chosen experts back, make them resident in slots (uploading misses) and submit the
+    /// expert kernels on the slot arenas — per run of tokens whose experts fit the slots at once.
+    /// `rec` comes back empty (its bind-group cache kept).
+    fn tiered_experts(
+        &self,
+        rec: &mut Recorder,
+        tier: &ExpertTier,
+        index: usize,
+        t: usize,
+    ) -> Result<(), EngineError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let k = b.config.moe.n_expert_used;
+        rec.run(c).map_err(gpu_err)?;
+        *rec = Recorder::with_cache(rec.take_cache());
+        let ids = self
+            .scratch
+            .expert_ids
+            .read_u32(c, 0, t * k)
+            .map_err(gpu_err)?;
+        let runs = tier.sub_batches(&ids, k);
+        let a = &tier.arenas;
+        // Held until the dispatches reading the slots are submitted (see `gpu::tiered`).
+        let mut state = tier.lock();
+        tier.note_extra_sub_batches(&mut state, runs.len().saturating_sub(1));
+        for run in runs {
+            let chosen = ids.get(run.start * k..run.end * k).unwrap_or_default();
+            let slots = tier.place(c, &mut state, index, chosen)?;
+            self.scratch
+                .slot_ids
+                .write_u32(c, 0, &slots)
+                .map_err(gpu_err)?;
+            self.moe_experts(rec, [&a.gate, &a.up, &a.down], &self.scratch.slot_ids, run)
+                .map_err(gpu_err)?;
+            let mut encoder = c
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("tiered experts"),
+                });
+            rec.encode(&mut encoder, None);
+            c.queue.submit([encoder.finish()]);
+            *rec = Recorder::with_cache(rec.take_cache());
+        }
+        drop(state);
+        c.check_errors().map_err(gpu_err)
+    }
+
     /// Record the forward pass of `t` tokens at positions pos0.. (ids and PLE rows already
     /// uploaded). Logits land in `scratch.logits`: all rows, or only the last token's in row 0.
     fn record(
@@ -1166,12 +1436,12 @@ impl GpuSequence {
         t: usize,
         pos0: usize,
         all_logits: bool,
-    ) -> Result<usize, GpuError> {
-        self.record_embedding(rec, t)?;
+    ) -> Result<usize, EngineError> {
+        self.record_embedding(rec, t).map_err(gpu_err)?;
         for layer in 0..self.layers.len() {
             self.record_layer(rec, layer, t, pos0)?;
         }
-        self.record_head(rec, t, all_logits)
+        self.record_head(rec, t, all_logits).map_err(gpu_err)
     }
 
     fn record_embedding(&self, rec: &mut Recorder, t: usize) -> Result<(), GpuError> {
@@ -1183,7 +1453,45 @@ impl GpuSequence {
         kernels::get_rows(&b.ctx, rec, &b.token_embd, &s.ids, t, view, hc, h)
     }
 
+    /// Record layer `index`. In tiered mode this submits the recorded work at the router and
+    /// again after the expert kernels (see [`Self::tiered_experts`]); `rec` then holds the rest.
     fn record_layer(
+        &self,
+        rec: &mut Recorder,
+        index: usize,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), EngineError> {
+        let b = &self.backend;
+        let Some(layer) = b.layers.get(index) else {
+            return Err(gpu_err(GpuError::BadArgs(format!("no layer {index}"))));
+        };
+        self.record_layer_to_router(rec, index, t, pos0)
+            .map_err(gpu_err)?;
+        match (&layer.moe.experts, &b.tier) {
+            (Some(e), _) => self
+                .moe_experts(
+                    rec,
+                    [&e.gate, &e.up, &e.down],
+                    &self.scratch.expert_ids,
+                    0..t,
+                )
+                .map_err(gpu_err)?,
+            (None, Some(tier)) => self.tiered_experts(rec, tier, index, t)?,
+            (None, None) => {
+                return Err(gpu_err(GpuError::BadArgs(format!(
+                    "layer {index} has neither resident nor tiered experts"
+                ))));
+            }
+        }
+        let s = &self.scratch;
+        let (h, hc) = (b.config.n_embd, b.config.hc_count);
+        self.moe_finish(rec, &layer.moe, t).map_err(gpu_err)?;
+        ops::hc_combine(&b.ctx, rec, &s.wide, &s.block_out, &s.inject, h, hc, t).map_err(gpu_err)
+    }
+
+    /// Layer `index` from its input up to and including the MoE router.
+    fn record_layer_to_router(
         &self,
         rec: &mut Recorder,
         index: usize,
@@ -1207,8 +1515,7 @@ impl GpuSequence {
         }
         ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)?;
         self.hc_mix(rec, &layer.ffn_hc, t)?;
-        self.moe(rec, &layer.moe, t)?;
-        ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)
+        self.moe_route(rec, &layer.moe, t)
     }
 
     /// Head mixer and lm_head; returns the number of logits rows written.
@@ -1246,12 +1553,15 @@ impl GpuSequence {
         for stage in 0..=layers + 1 {
             let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
             let recorded = match stage {
-                0 => self.record_embedding(&mut rec, t).map(|_| 0),
+                0 => self
+                    .record_embedding(&mut rec, t)
+                    .map(|_| 0)
+                    .map_err(gpu_err),
                 s if s <= layers => self.record_layer(&mut rec, s - 1, t, pos0).map(|_| 0),
-                _ => self.record_head(&mut rec, t, all_logits),
+                _ => self.record_head(&mut rec, t, all_logits).map_err(gpu_err),
             };
             self.bind_groups = rec.take_cache();
-            let rows = recorded.map_err(gpu_err)?;
+            let rows = recorded?;
             rec.run(c).map_err(gpu_err)?;
             if stage > layers {
                 return Ok(rows);
@@ -1297,6 +1607,38 @@ impl GpuSequence {
             return Ok(());
         };
         let dim = pc.embed_dim();
+        if let Some(reader) = &b.ple_reader {
+            let mut table_rows = Vec::with_capacity(t * pc.n_heads());
+            let mut positions = Vec::with_capacity(t);
+            for i in 0..t {
+                let context =
+                    ngram_context(&self.tokens[..pos0 + i + 1], pc.ngram_size, pc.eos_token_id);
+                table_rows.extend(hash_rows(pc, &context));
+                positions.push(pos0 + i);
+            }
+            let mut raw = Vec::new();
+            let mut rows = Vec::with_capacity(t * dim);
+            reader
+                .gather_dequantized(&table_rows, &positions, &mut raw, &mut rows)
+                .map_err(ple_error)?;
+            if rows.len() != t * dim {
+                return Err(EngineError::Other(format!(
+                    "PLE rows hold {} values for {t} tokens of {dim}",
+                    rows.len()
+                )));
+            }
+            if let Some(bad) = first_non_finite(&rows) {
+                return Err(EngineError::NonFinite {
+                    stage: "PLE table rows".into(),
+                    position: pos0 + bad / dim,
+                });
+            }
+            return self
+                .scratch
+                .ple_embedding
+                .write_f32(&b.ctx, 0, &rows)
+                .map_err(gpu_err);
+        }
         let mut rows = vec![0.0f32; t * dim];
         for i in 0..t {
             let context =
@@ -1359,12 +1701,13 @@ impl GpuSequence {
                     v,
                     1,
                     &self.scratch.greedy,
-                )?;
+                )
+                .map_err(gpu_err)?;
             }
             Ok(rows)
         });
         self.bind_groups = rec.take_cache();
-        let rows = recorded.map_err(gpu_err)?;
+        let rows = recorded?;
         let (source, size) = if greedy {
             (&self.scratch.greedy, 8u64)
         } else {
@@ -1570,6 +1913,12 @@ impl Sequence for GpuSequence {
     }
 }
 
+/// True when a load error looks like a failed VRAM allocation.
+fn is_out_of_memory(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}").to_lowercase();
+    text.contains("out of memory") || text.contains("outofmemory")
+}
+
 /// Adapter index from `STRATA_ADAPTER` (the CLI's `--adapter` where a subcommand offers it).
 pub fn adapter_from_env() -> Option<usize> {
     std::env::var("STRATA_ADAPTER")
@@ -1584,6 +1933,17 @@ pub fn load_for_cli(
     gguf: Arc<Gguf>,
     ctx_len: usize,
     required: bool,
+) -> anyhow::Result<Option<Arc<dyn Backend>>> {
+    load_for_cli_with(gguf, ctx_len, required, &TierArgs::default())
+}
+
+/// [`load_for_cli`] with the memory-tier options. Asking for tiers (`--vram-budget`) makes a GPU
+/// load failure an error rather than a silent fall back to the CPU.
+pub fn load_for_cli_with(
+    gguf: Arc<Gguf>,
+    ctx_len: usize,
+    required: bool,
+    tiers: &TierArgs,
 ) -> anyhow::Result<Option<Arc<dyn Backend>>> {
     let adapter = adapter_from_env();
     if !required {
@@ -1618,9 +1978,13 @@ pub fn load_for_cli(
         }
         Err(e) => return Err(e.into()),
     };
-    match GpuBackend::load(ctx, gguf, ctx_len) {
+    match GpuBackend::load_with(ctx, gguf, ctx_len, tiers) {
         Ok(b) => Ok(Some(Arc::new(b))),
-        Err(e) if !required => {
+        Err(e) if tiers.vram_budget.is_none() && is_out_of_memory(&e) => Err(e.context(
+            "the GPU ran out of memory with every weight resident; pass --vram-budget SIZE to \
+             keep only some experts in VRAM",
+        )),
+        Err(e) if !required && tiers.vram_budget.is_none() => {
             tracing::warn!("GPU load failed ({e:#}); using the CPU");
             Ok(None)
         }

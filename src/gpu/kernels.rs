@@ -237,7 +237,7 @@ struct MatvecParams {
     expert_count: u32,
 }
 
-const MATVEC_ROWS_PER_WG: usize = 8;
+const MATVEC_ROWS_PER_WG: usize = 16;
 const MATVEC_TILE: usize = 4;
 const MAX_GRID: usize = 65535;
 

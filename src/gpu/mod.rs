@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod ops;
 pub mod pipelines;
 pub mod shaders;
+pub mod tiered;
 
 pub use device::{AdapterSummary, GpuContext, list_adapters};
 

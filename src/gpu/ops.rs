@@ -494,7 +494,8 @@ pub fn gdn_recurrence(
             (8, &*out.buffer),
         ],
         &shape.params(tokens)?,
-        [u((nv * shape.dv).div_ceil(64))?, 1, 1],
+        // Workgroups of 32 value columns x 8 key groups, one row of them per value head.
+        [u(shape.dv.div_ceil(32))?, u(nv)?, 1],
     )
 }
 

@@ -1,0 +1,423 @@
+//! Memory tiers on the GPU backend (issue 5), on the tiny oracle model (lavapipe in CI):
+//!
+//! * all-position logits are byte-identical whatever the placement: every expert resident
+//!   (default), a VRAM budget with room for a few experts beyond one token's top-k, the minimum
+//!   (exactly top-k slots: "none beyond the dense part" is defined as the least that can run, one
+//!   token's experts of one layer), `--ple-io read`, `--experts ram`; and token-by-token decode
+//!   in tiered mode equals the resident prefill;
+//! * the slot cache reports hits and uploads;
+//! * a NaN in one PLE table row fails the request with row, token position and file offset, and
+//!   the next request is served;
+//! * a budget below the dense part is a clear error naming the size needed.
+//!
+//! Without an adapter the tests fail when `CI` is set and are skipped otherwise.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use strata::engine::{Backend, EngineError};
+use strata::gguf::Gguf;
+use strata::gpu::GpuContext;
+use strata::gpu::backend::{DEFAULT_MAX_CHUNK, GpuBackend};
+use strata::gpu::tiered::plan_for_budget;
+use strata::model::config::Config;
+use strata::model::ple::{hash_rows, ngram_context};
+use strata::tiers::{ExpertProfile, ExpertsArg, IoMode, PleTable, TierArgs};
+
+const CONTEXT: usize = 512;
+
+fn repo_root() -> PathBuf {
+    std::env::var_os("STRATA_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn fixture(ty: &str) -> PathBuf {
+    repo_root().join(format!("tests/fixtures/tiny/tiny-{ty}.gguf"))
+}
+
+fn prompt_ids(name: &str) -> Vec<u32> {
+    let path = repo_root().join("tests/fixtures/tiny/prompts.json");
+    let text = std::fs::read_to_string(path).expect("prompts.json");
+    let all: serde_json::Value = serde_json::from_str(&text).expect("prompts.json parses");
+    all[name]
+        .as_array()
+        .expect("prompt is a list")
+        .iter()
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect()
+}
+
+fn context() -> Option<Arc<GpuContext>> {
+    let adapter = std::env::var("STRATA_ADAPTER")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    match GpuContext::new(adapter) {
+        Ok(ctx) => {
+            println!("adapter: {}", ctx.describe());
+            Some(ctx)
+        }
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
+            }
+            eprintln!("SKIPPED: no usable GPU adapter ({e})");
+            None
+        }
+    }
+}
+
+fn open(path: &Path) -> Arc<Gguf> {
+    Arc::new(Gguf::open(path).unwrap_or_else(|e| panic!("{} opens: {e}", path.display())))
+}
+
+fn load(ctx: &Arc<GpuContext>, path: &Path, tiers: &TierArgs) -> anyhow::Result<Arc<GpuBackend>> {
+    Ok(Arc::new(GpuBackend::load_with(
+        ctx.clone(),
+        open(path),
+        CONTEXT,
+        tiers,
+    )?))
+}
+
+/// A `--vram-budget` that leaves room for exactly `slots` expert slots, and the model's total
+/// number of experts and top-k.
+fn budget_for_slots(ctx: &GpuContext, path: &Path, slots: u64) -> (u64, u64, u64) {
+    let gguf = open(path);
+    let plan = plan_for_budget(ctx, &gguf, CONTEXT, DEFAULT_MAX_CHUNK, u64::MAX / 4).expect("plan");
+    let fixed = plan.vram_total() - plan.expert_slot_bytes();
+    (
+        fixed + slots * plan.slot_bytes,
+        plan.total_experts,
+        plan.min_expert_slots,
+    )
+}
+
+fn feed_all(backend: &Arc<GpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut seq = Arc::clone(backend).new_sequence().expect("sequence");
+    let mut out = Vec::new();
+    for piece in tokens.chunks(chunk) {
+        out.extend(seq.feed(piece, true).expect("feed"));
+    }
+    out
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn assert_same_bytes(label: &str, expected: &[f32], got: &[f32]) {
+    assert_eq!(expected.len(), got.len(), "{label}: logits length");
+    if bytes(expected) != bytes(got) {
+        let first = expected
+            .iter()
+            .zip(got)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+            .unwrap_or(0);
+        panic!(
+            "{label}: logits differ from the all-resident run, first at element {first} ({} vs {})",
+            expected[first], got[first]
+        );
+    }
+}
+
+#[test]
+fn logits_are_bit_identical_whatever_the_placement() {
+    let Some(ctx) = context() else { return };
+    let path = fixture("IQ3_S");
+    let prompt = prompt_ids("p64eos");
+    placements_match(&ctx, &path, &prompt);
+}
+
+/// The F16 fixture too (other expert kernels, bigger slots): resident against the minimum.
+#[test]
+fn f16_logits_are_bit_identical_with_minimum_slots() {
+    let Some(ctx) = context() else { return };
+    let path = fixture("F16");
+    let prompt = prompt_ids("p64eos");
+    let resident = load(&ctx, &path, &TierArgs::default()).expect("resident load");
+    let expected = feed_all(&resident, &prompt, prompt.len());
+    let (_, _, top_k) = budget_for_slots(&ctx, &path, 0);
+    let tiers = TierArgs {
+        vram_budget: Some(budget_for_slots(&ctx, &path, top_k).0),
+        ..TierArgs::default()
+    };
+    let tiered = load(&ctx, &path, &tiers).expect("tiered load");
+    assert_eq!(tiered.expert_slots(), Some(top_k as usize));
+    assert_same_bytes("F16, minimum", &expected, &feed_all(&tiered, &prompt, 64));
+    assert_same_bytes(
+        "F16, minimum, decode",
+        &expected,
+        &feed_all(&tiered, &prompt, 1),
+    );
+}
+
+fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
+    let resident = load(ctx, path, &TierArgs::default()).expect("resident load");
+    assert_eq!(
+        resident.expert_slots(),
+        None,
+        "default keeps every expert resident"
+    );
+    let expected = feed_all(&resident, prompt, prompt.len());
+    assert!(!expected.is_empty());
+
+    let (_, total, top_k) = budget_for_slots(ctx, path, 0);
+    let few = (top_k + 3).min(total - 1);
+    println!("tiny model: {total} routed experts, top-{top_k}; few = {few} slots");
+    let cases: Vec<(&str, TierArgs, Option<u64>)> = vec![
+        (
+            "budget for a few experts",
+            TierArgs {
+                vram_budget: Some(budget_for_slots(ctx, path, few).0),
+                ..TierArgs::default()
+            },
+            Some(few),
+        ),
+        (
+            "minimum budget (top-k slots)",
+            TierArgs {
+                vram_budget: Some(budget_for_slots(ctx, path, top_k).0),
+                ..TierArgs::default()
+            },
+            Some(top_k),
+        ),
+        (
+            "--ple-io read, all resident",
+            TierArgs {
+                ple_io: IoMode::Read,
+                ..TierArgs::default()
+            },
+            None,
+        ),
+        (
+            "--experts ram, few slots",
+            TierArgs {
+                vram_budget: Some(budget_for_slots(ctx, path, few).0),
+                experts: ExpertsArg::Ram,
+                ..TierArgs::default()
+            },
+            Some(few),
+        ),
+        (
+            "--experts ram, --ple-io read, minimum, no PLE row cache",
+            TierArgs {
+                vram_budget: Some(budget_for_slots(ctx, path, top_k).0),
+                experts: ExpertsArg::Ram,
+                ple_io: IoMode::Read,
+                ple_row_cache: 0,
+                ..TierArgs::default()
+            },
+            Some(top_k),
+        ),
+    ];
+    for (label, tiers, slots) in cases {
+        let backend = load(ctx, path, &tiers).unwrap_or_else(|e| panic!("{label}: {e:#}"));
+        assert_eq!(backend.expert_slots(), slots.map(|s| s as usize), "{label}");
+        let got = feed_all(&backend, prompt, prompt.len());
+        assert_same_bytes(label, &expected, &got);
+        if slots.is_some() {
+            let stats = backend.tier_stats().expect("tier stats");
+            println!(
+                "{label}: hit rate {:.3}, {} hits, {} misses, {} bytes uploaded, {} extra \
+                 sub-batches",
+                stats.hit_rate(),
+                stats.hits,
+                stats.misses,
+                stats.bytes_uploaded,
+                stats.extra_sub_batches
+            );
+            assert!(stats.hits > 0, "{label}: no slot hits");
+            assert!(
+                stats.misses > 0 && stats.bytes_uploaded > 0,
+                "{label}: no uploads"
+            );
+            assert!(stats.hit_rate() > 0.0 && stats.hit_rate() < 1.0, "{label}");
+        }
+    }
+
+    // Tiered decode, token by token and in odd chunks, with the fewest slots.
+    let tiers = TierArgs {
+        vram_budget: Some(budget_for_slots(ctx, path, top_k).0),
+        ..TierArgs::default()
+    };
+    let tiered = load(ctx, path, &tiers).expect("tiered load");
+    assert_same_bytes(
+        "minimum budget, one token per feed",
+        &expected,
+        &feed_all(&tiered, prompt, 1),
+    );
+    assert_same_bytes(
+        "minimum budget, chunks of 7",
+        &expected,
+        &feed_all(&tiered, prompt, 7),
+    );
+    let stats = tiered.tier_stats().expect("stats");
+    assert!(
+        stats.extra_sub_batches > 0,
+        "a prefill chunk with top-k slots must be split into sub-batches"
+    );
+}
+
+/// `--expert-profile FILE` naming a missing file: the observed routing is written there when the
+/// backend is dropped; loading with it preloads the hottest experts, with the same logits.
+#[test]
+fn expert_profile_is_written_and_preloads_the_same_bits() {
+    let Some(ctx) = context() else { return };
+    let path = fixture("IQ3_S");
+    let prompt = prompt_ids("p64eos");
+    let profile_path = std::env::temp_dir().join(format!(
+        "strata-tiers-gpu-profile-{}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&profile_path);
+    let (budget, _, top_k) = budget_for_slots(&ctx, &path, 6);
+    let tiers = TierArgs {
+        vram_budget: Some(budget),
+        expert_profile: Some(profile_path.clone()),
+        ..TierArgs::default()
+    };
+    let first = load(&ctx, &path, &tiers).expect("load");
+    let expected = feed_all(&first, &prompt, prompt.len());
+    let observed = first.observed_expert_profile().expect("tiered");
+    drop(first);
+    let saved = ExpertProfile::load(&profile_path).expect("profile written at drop");
+    assert_eq!(saved, observed);
+    assert!(saved.len() >= top_k as usize, "routing was recorded");
+
+    // With the profile (which now exists) and the stage checks on: same bits.
+    let mut second =
+        GpuBackend::load_with(ctx.clone(), open(&path), CONTEXT, &tiers).expect("load");
+    second.set_check_stages(true);
+    let second = Arc::new(second);
+    let stats = second.tier_stats().expect("stats");
+    assert_eq!(stats.preloaded, 6, "the profile fills every slot");
+    assert_same_bytes(
+        "profile preload, stage checks",
+        &expected,
+        &feed_all(&second, &prompt, 16),
+    );
+    drop(second);
+    // An existing profile is not overwritten.
+    assert_eq!(ExpertProfile::load(&profile_path).expect("profile"), saved);
+    let _ = std::fs::remove_file(&profile_path);
+}
+
+#[test]
+fn corrupted_ple_row_fails_the_request_and_the_next_is_served() {
+    let Some(ctx) = context() else { return };
+    let path = fixture("IQ3_S");
+    let gguf = open(&path);
+    let config = Config::from_gguf(&gguf).expect("config");
+    let pc = config.ple.clone().expect("the tiny model has PLE");
+    let table = PleTable::from_gguf(&gguf).expect("PLE table");
+    let prompt = prompt_ids("p64eos");
+    let rows_of = |position: usize| {
+        hash_rows(
+            &pc,
+            &ngram_context(&prompt[..=position], pc.ngram_size, pc.eos_token_id),
+        )
+    };
+    // Corrupt a row first used at position 5 (not by positions 0..5).
+    let bad_position = 5;
+    let earlier: Vec<u64> = (0..bad_position).flat_map(rows_of).collect();
+    let bad_row = rows_of(bad_position)
+        .into_iter()
+        .find(|r| !earlier.contains(r))
+        .expect("position 5 has a row of its own");
+    let offset = table.row_offset(bad_row);
+    let mut file = std::fs::read(&path).expect("fixture bytes");
+    let at = offset as usize;
+    // Every block type starts with its scale; a NaN there (f16 0x7E00, or f32 for F32 tables).
+    match table.ty.type_size() {
+        4 if table.ty.block_size() == 1 => {
+            file[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes())
+        }
+        _ => file[at..at + 2].copy_from_slice(&0x7E00u16.to_le_bytes()),
+    }
+    let bad_path = std::env::temp_dir().join(format!(
+        "strata-tiers-gpu-badple-{}.gguf",
+        std::process::id()
+    ));
+    std::fs::write(&bad_path, &file).expect("write corrupted copy");
+    drop(gguf);
+
+    for ple_io in [IoMode::Mmap, IoMode::Read] {
+        let tiers = TierArgs {
+            ple_io,
+            ..TierArgs::default()
+        };
+        let backend = load(&ctx, &bad_path, &tiers).expect("a bad row is found when used");
+        let mut seq = Arc::clone(&backend).new_sequence().expect("sequence");
+        let err = seq
+            .feed(&prompt[..bad_position + 3], true)
+            .expect_err("the corrupted row must fail the request");
+        let message = err.to_string();
+        println!("{ple_io:?}: {message}");
+        assert!(
+            matches!(&err, EngineError::NonFinite { position, .. } if *position == bad_position),
+            "{message}"
+        );
+        for needle in [
+            format!("row {bad_row}"),
+            format!("offset {offset}"),
+            format!("position {bad_position}"),
+        ] {
+            assert!(
+                message.contains(&needle),
+                "{needle:?} missing in: {message}"
+            );
+        }
+        // The next request (not touching the bad row) is served, and equals a clean model's.
+        let mut next = Arc::clone(&backend).new_sequence().expect("next sequence");
+        let logits = next
+            .feed(&prompt[..bad_position], true)
+            .expect("the next request is served");
+        let clean = load(&ctx, &path, &tiers).expect("clean load");
+        assert_same_bytes(
+            "after a bad row",
+            &feed_all(&clean, &prompt[..bad_position], bad_position),
+            &logits,
+        );
+    }
+    let _ = std::fs::remove_file(&bad_path);
+}
+
+#[test]
+fn budget_below_the_dense_part_is_a_clear_error() {
+    let Some(ctx) = context() else { return };
+    let path = fixture("IQ3_S");
+    let (minimum, _, top_k) = budget_for_slots(&ctx, &path, 0);
+    let needed = minimum
+        + top_k * {
+            let (one, _, _) = budget_for_slots(&ctx, &path, 1);
+            one - minimum
+        };
+    let tiers = TierArgs {
+        vram_budget: Some(minimum / 2),
+        ..TierArgs::default()
+    };
+    let err = load(&ctx, &path, &tiers)
+        .err()
+        .expect("a budget below the dense part must fail");
+    let message = format!("{err:#}");
+    println!("{message}");
+    assert!(message.contains("does not fit"), "{message}");
+    assert!(message.contains("--vram-budget"), "{message}");
+    assert!(
+        message.contains(&strata::tiers::format_size(needed)),
+        "the needed size {needed} is named: {message}"
+    );
+    // One byte short of the minimum fails too; the minimum itself loads.
+    let short = TierArgs {
+        vram_budget: Some(needed - 1),
+        ..TierArgs::default()
+    };
+    assert!(load(&ctx, &path, &short).is_err());
+    let exact = TierArgs {
+        vram_budget: Some(needed),
+        ..TierArgs::default()
+    };
+    let backend = load(&ctx, &path, &exact).expect("the minimum budget loads");
+    assert_eq!(backend.expert_slots(), Some(top_k as usize));
+}
