@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 
-use super::load::{BackendChoice, load_backend, open_gguf};
+use super::load::{BackendChoice, load_backend_with, open_gguf};
 use crate::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Debug)]
@@ -37,6 +37,9 @@ pub struct Args {
     pub prefill_chunk: Option<usize>,
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendChoice,
+    /// Memory tiers (GPU backend): VRAM budget, expert source, PLE reader mode.
+    #[command(flatten)]
+    pub tiers: crate::tiers::TierArgs,
 }
 
 /// Parses ids separated by commas and/or whitespace.
@@ -75,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => ids.len(),
     };
 
-    let backend = load_backend(gguf, args.backend, 0)?;
+    let backend = load_backend_with(gguf, args.backend, 0, &args.tiers)?;
     let vocab = backend.info().vocab_size;
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
         anyhow::bail!("token id {bad} is outside the vocabulary (size {vocab})");

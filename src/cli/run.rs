@@ -8,7 +8,7 @@ use anyhow::Context as _;
 
 use crate::chat::toolcall::{ParsedOutput, StreamEvent, StreamParser};
 use crate::chat::{ChatTemplate, Message, RenderOptions};
-use crate::cli::load::{ModelArgs, load_backend, open_gguf};
+use crate::cli::load::{ModelArgs, load_backend_with, open_gguf};
 use crate::engine::generate::{FinishReason, GenEvent, GenOutput, GenerateRequest, Generator};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -275,7 +275,7 @@ pub fn load_for_terminal(model: &ModelArgs) -> anyhow::Result<LoadedForTerminal>
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     let template = ChatTemplate::from_gguf(&gguf).ok();
     let defaults = SamplingParams::model_defaults(&gguf);
-    let backend = load_backend(gguf, model.backend, model.ctx)?;
+    let backend = load_backend_with(gguf, model.backend, model.ctx, &model.tiers)?;
     Ok(LoadedForTerminal {
         tokenizer,
         template,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use crate::cli::load::{ModelArgs, load_backend, open_gguf};
+use crate::cli::load::{ModelArgs, load_backend_with, open_gguf};
 use crate::server::{AppState, DEFAULT_QUEUE, LoadedModel, ServerConfig, serve_on};
 
 #[derive(clap::Args, Debug)]
@@ -80,7 +80,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     let gguf = open_gguf(args.model.as_deref())?;
-    let backend = load_backend(Arc::clone(&gguf), args.backend, args.ctx)?;
+    let backend = load_backend_with(Arc::clone(&gguf), args.backend, args.ctx, &args.tiers)?;
     // With --backend auto, say which one was picked: the GPU and CPU differ a lot in speed.
     eprintln!("strata: running on the {} backend", backend.info().backend);
     LoadedModel::from_gguf(&gguf, backend)
