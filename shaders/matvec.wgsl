@@ -20,6 +20,7 @@ struct Params {
     x_per_item: u32,    // expert mode: 1 = x indexed by item, 0 = by token
     expert_first: u32,  // expert mode: first expert stored in this part
     expert_count: u32,  // expert mode: experts stored in this part
+    rows_per_wg: u32,   // rows per workgroup (even; the launcher sizes it to the subgroup count)
 }
 
 var<immediate> p: Params;
@@ -30,15 +31,14 @@ var<immediate> p: Params;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<storage, read> IDS: array<u32>;
 
-// 256 invocations: 8 subgroups on NVIDIA (32 lanes), 4 on AMD (64), 32 on lavapipe (8). Rows are
-// handed out grid-stride over the subgroups, so any subgroup size works; each subgroup computes
-// ROWS_PER_SG rows at once (x read once per chunk for both, and two independent dequant chains in
-// flight), instead of walking its rows one after the other (that serial latency made small
-// mat-vecs cost tens of microseconds).
+// 256 invocations: 8 subgroups on NVIDIA (32 lanes), 4 on AMD (64), 32 on lavapipe (8). A workgroup
+// owns `p.rows_per_wg` rows (2 per subgroup of the adapter's reported size), handed out in pairs
+// grid-stride over its subgroups, so any actual subgroup size still computes every row. Each
+// subgroup computes ROWS_PER_SG rows at once (x read once per chunk for both, two independent
+// dequant chains in flight) instead of walking rows one after the other (that serial latency made
+// small mat-vecs cost tens of microseconds). A row's bits do not depend on the row it is paired with.
 const WG: u32 = 256u;
 const ROWS_PER_SG: u32 = 2u;
-// Rows handled by one workgroup (the launcher's grid assumes this many).
-const ROWS_PER_WG: u32 = 16u;
 
 // The first row's dequantized chunk while the second row's is made in `wq`.
 var<private> wq_first: array<f32, 32>;
@@ -70,6 +70,23 @@ fn chunk_dot_pair(xb: u32) -> vec2<f32> {
 // fma, adds the chunk sums in order, then one subgroupAdd - so its bits do not depend on the tile
 // it lands in, on how many vectors the dispatch has, or on the row it is paired with.
 const TILE: u32 = 4u;
+
+// One scalar subgroupAdd per vector actually present (a decode step reduces 1 value per row, not
+// 4); every vector's sum goes through the same scalar reduction whatever the tile holds.
+fn reduce_items(acc: vec4<f32>, n_items: u32) -> vec4<f32> {
+    var r = vec4<f32>(0.0);
+    r.x = subgroupAdd(acc.x);
+    if (n_items > 1u) {
+        r.y = subgroupAdd(acc.y);
+    }
+    if (n_items > 2u) {
+        r.z = subgroupAdd(acc.z);
+    }
+    if (n_items > 3u) {
+        r.w = subgroupAdd(acc.w);
+    }
+    return r;
+}
 
 struct RowPair {
     a: vec4<f32>,
@@ -113,7 +130,7 @@ fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, 
             acc_b.w += s3.y;
         }
     }
-    return RowPair(subgroupAdd(acc_a), subgroupAdd(acc_b));
+    return RowPair(reduce_items(acc_a, n_items), reduce_items(acc_b, n_items));
 }
 
 fn store_items(row: u32, first_item: u32, n_items: u32, v: vec4<f32>) {
@@ -142,8 +159,8 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
     }
     let n_items = min(TILE, p.items - first_item);
     let x_base = p.x_offset + first_item * p.x_stride;
-    for (var r = sg_id * ROWS_PER_SG; r < ROWS_PER_WG; r += n_sg * ROWS_PER_SG) {
-        let row = wg.x * ROWS_PER_WG + r;
+    for (var r = sg_id * ROWS_PER_SG; r < p.rows_per_wg; r += n_sg * ROWS_PER_SG) {
+        let row = wg.x * p.rows_per_wg + r;
         if (row >= p.rows) {
             break;
         }
@@ -179,8 +196,8 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
     }
     let x_base = p.x_offset + x_index * p.x_stride;
     let first_row = (expert - p.expert_first) * p.rows;
-    for (var r = sg_id * ROWS_PER_SG; r < ROWS_PER_WG; r += n_sg * ROWS_PER_SG) {
-        let row = wg.x * ROWS_PER_WG + r;
+    for (var r = sg_id * ROWS_PER_SG; r < p.rows_per_wg; r += n_sg * ROWS_PER_SG) {
+        let row = wg.x * p.rows_per_wg + r;
         if (row >= p.rows) {
             break;
         }

@@ -1,7 +1,7 @@
 // MoE routing and combination (model-spec 2.8).
 //   moe_router: per token: softmax over all experts (in place), top-k with the lowest id winning
-//               ties (best first), weights renormalised over the chosen k. One invocation per
-//               token walks the experts in order, so the result has one fixed order.
+//               ties (best first), weights renormalised over the chosen k. One workgroup per
+//               token, fixed reduction trees, so the result has one fixed order.
 //   moe_combine: Y[t, i] = sum_slot W[t,slot] * D[t*k+slot, i]  (slots in order)
 //                          + sigmoid(SG[t]) * SH[t, i]          (shared expert, when present)
 
@@ -19,50 +19,131 @@ var<immediate> p: Params;
 @group(0) @binding(1) var<storage, read_write> IDS: array<u32>;    // [T*k]
 @group(0) @binding(2) var<storage, read_write> WTS: array<f32>;    // [T*k]
 
-@compute @workgroup_size(64)
-fn moe_router(@builtin(global_invocation_id) id: vec3<u32>) {
-    let t = id.x;
+const ROUTER_WG: u32 = 64u;
+const NO_EXPERT: u32 = 0xffffffffu;
+var<workgroup> red_value: array<f32, ROUTER_WG>;
+var<workgroup> red_id: array<u32, ROUTER_WG>;
+
+// Whether (v, e) ranks before (best_v, best_e): higher probability first, the lower id on ties.
+fn ranks_before(v: f32, e: u32, best_v: f32, best_e: u32) -> bool {
+    return e != NO_EXPERT && (best_e == NO_EXPERT || v > best_v || (v == best_v && e < best_e));
+}
+
+// Fixed-shape binary trees over the workgroup (pairs lid, lid + s for s = 32, 16, ..., 1).
+fn tree_max(v: f32, lid: u32) -> f32 {
+    red_value[lid] = v;
+    workgroupBarrier();
+    for (var s = ROUTER_WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red_value[lid] = max(red_value[lid], red_value[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let total = red_value[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn tree_sum(v: f32, lid: u32) -> f32 {
+    red_value[lid] = v;
+    workgroupBarrier();
+    for (var s = ROUTER_WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red_value[lid] = red_value[lid] + red_value[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red_value[0];
+    workgroupBarrier();
+    return total;
+}
+
+struct Ranked {
+    value: f32,
+    id: u32,
+}
+
+// The best-ranked (value, id) over the workgroup; ids are distinct, so the winner does not
+// depend on the tree's shape.
+fn tree_best(v: f32, e: u32, lid: u32) -> Ranked {
+    red_value[lid] = v;
+    red_id[lid] = e;
+    workgroupBarrier();
+    for (var s = ROUTER_WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s && ranks_before(red_value[lid + s], red_id[lid + s], red_value[lid], red_id[lid])) {
+            red_value[lid] = red_value[lid + s];
+            red_id[lid] = red_id[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let best = Ranked(red_value[0], red_id[0]);
+    workgroupBarrier();
+    return best;
+}
+
+// One workgroup per token; invocation l owns experts l, l+64, ... (it writes and rereads only
+// those). The softmax sum is per-invocation sums in expert order, then a fixed tree. Slot s takes
+// the best-ranked expert ranked after slot s-1's choice, which is the original "best of the
+// experts not yet taken" without a taken list.
+@compute @workgroup_size(ROUTER_WG)
+fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let t = wg.x + wg.y * 65535u;
+    // Uniform per workgroup, so the early return keeps the barriers uniform.
     if (t >= p.tokens) {
         return;
     }
+    let lid = lid3.x;
     let base = t * p.n_expert;
-    var mx = LOGITS[base];
-    for (var e = 1u; e < p.n_expert; e++) {
-        mx = max(mx, LOGITS[base + e]);
+    var local_max = -3.402823e38;
+    for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
+        local_max = max(local_max, LOGITS[base + e]);
     }
-    var sum = 0.0;
-    for (var e = 0u; e < p.n_expert; e++) {
+    let mx = tree_max(local_max, lid);
+    var local_sum = 0.0;
+    for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
         let v = exp(LOGITS[base + e] - mx);
         LOGITS[base + e] = v;
-        sum += v;
+        local_sum += v;
     }
-    let inv = 1.0 / sum;
-    for (var e = 0u; e < p.n_expert; e++) {
+    let inv = 1.0 / tree_sum(local_sum, lid);
+    for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
         LOGITS[base + e] *= inv;
     }
     var total = 0.0;
+    var prev_e = NO_EXPERT;
+    var prev_v = 0.0;
     for (var slot = 0u; slot < p.k; slot++) {
-        var best = 0xffffffffu;
-        var best_p = 0.0;
-        for (var e = 0u; e < p.n_expert; e++) {
-            var taken = false;
-            for (var j = 0u; j < slot; j++) {
-                if (IDS[t * p.k + j] == e) {
-                    taken = true;
-                }
-            }
+        var best_e = NO_EXPERT;
+        var best_v = 0.0;
+        for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
             let v = LOGITS[base + e];
-            if (!taken && (best == 0xffffffffu || v > best_p)) {
-                best = e;
-                best_p = v;
+            let after_prev = prev_e == NO_EXPERT || ranks_before(prev_v, prev_e, v, e);
+            if (after_prev && ranks_before(v, e, best_v, best_e)) {
+                best_e = e;
+                best_v = v;
             }
         }
-        IDS[t * p.k + slot] = best;
-        WTS[t * p.k + slot] = best_p;
-        total += best_p;
+        let best = tree_best(best_v, best_e, lid);
+        var chosen = best.id;
+        var chosen_v = best.value;
+        if (chosen == NO_EXPERT) {
+            // Only when the probabilities are NaN (nothing compares): keep the id in range and
+            // let the NaN reach the weights, where the caller's finiteness check reports it.
+            chosen = min(slot, p.n_expert - 1u);
+            chosen_v = inv * (inv - inv);
+        }
+        prev_e = chosen;
+        prev_v = chosen_v;
+        total += chosen_v;
+        if (lid == 0u) {
+            IDS[t * p.k + slot] = chosen;
+            WTS[t * p.k + slot] = chosen_v;
+        }
     }
-    for (var slot = 0u; slot < p.k; slot++) {
-        WTS[t * p.k + slot] = WTS[t * p.k + slot] / total;
+    if (lid == 0u) {
+        for (var slot = 0u; slot < p.k; slot++) {
+            WTS[t * p.k + slot] = WTS[t * p.k + slot] / total;
+        }
     }
 }
 

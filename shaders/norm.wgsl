@@ -4,7 +4,9 @@
 // `w` is Wt[(g*n + i) % w_period] (w_period = 0: no weight), so one entry covers plain norms
 // (period n), per-stream grouped norms whose weight spans all streams (period groups*n) and
 // per-head norms that share one weight. `rmsnorm_gated` multiplies by sigmoid(Z) too (GDN output).
-// Reduction order is fixed: thread l sums i = l, l+64, ... in order, then a fixed binary tree.
+// Reduction order is fixed: thread l sums i = l, l+256, ... in order, `subgroupAdd` combines each
+// subgroup (one fixed order per device), then every thread adds the subgroup sums in subgroup order.
+// 256 threads (not 64) so a 2560-wide row is 10 loads per thread, not 40 dependent-latency steps.
 
 struct Params {
     n: u32,
@@ -29,19 +31,27 @@ var<immediate> p: Params;
 @group(0) @binding(2) var<storage, read> Wt: array<f32>;
 @group(0) @binding(3) var<storage, read> Z: array<f32>;
 
-const WG: u32 = 64u;
+const WG: u32 = 256u;
+// One slot per subgroup (at least 1 lane per subgroup, so never more than WG subgroups).
 var<workgroup> red: array<f32, WG>;
 
-fn tree_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] = red[lid] + red[lid + s];
-        }
-        workgroupBarrier();
+struct Lane {
+    sg_lane: u32,
+    sg_id: u32,
+    n_sg: u32,
+}
+
+fn block_sum(v: f32, lane: Lane) -> f32 {
+    let s = subgroupAdd(v);
+    if (lane.sg_lane == 0u) {
+        red[lane.sg_id] = s;
     }
-    return red[0];
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < lane.n_sg; i++) {
+        total += red[i];
+    }
+    return total;
 }
 
 fn inv_norm(sum_sq: f32) -> f32 {
@@ -59,7 +69,9 @@ fn weight(g: u32, i: u32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
+        @builtin(num_subgroups) n_sg: u32) {
     let g = wg.x;
     let t = wg.y;
     let src = p.in_off + t * p.in_tstride + g * p.in_gstride;
@@ -69,14 +81,16 @@ fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         let v = X[src + i];
         acc = fma(v, v, acc);
     }
-    let inv = inv_norm(tree_sum(acc, lid.x));
+    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
     for (var i = lid.x; i < p.n; i += WG) {
         Y[dst + i] = X[src + i] * inv * weight(g, i) * p.scale;
     }
 }
 
 @compute @workgroup_size(WG)
-fn rmsnorm_inplace(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn rmsnorm_inplace(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
+        @builtin(num_subgroups) n_sg: u32) {
     let g = wg.x;
     let t = wg.y;
     let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
@@ -85,14 +99,16 @@ fn rmsnorm_inplace(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
         let v = Y[base + i];
         acc = fma(v, v, acc);
     }
-    let inv = inv_norm(tree_sum(acc, lid.x));
+    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
     for (var i = lid.x; i < p.n; i += WG) {
         Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
     }
 }
 
 @compute @workgroup_size(WG)
-fn rmsnorm_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn rmsnorm_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
+        @builtin(num_subgroups) n_sg: u32) {
     let g = wg.x;
     let t = wg.y;
     let src = p.in_off + t * p.in_tstride + g * p.in_gstride;
@@ -102,7 +118,7 @@ fn rmsnorm_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         let v = X[src + i];
         acc = fma(v, v, acc);
     }
-    let inv = inv_norm(tree_sum(acc, lid.x));
+    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
     for (var i = lid.x; i < p.n; i += WG) {
         let gate = 1.0 / (1.0 + exp(-Z[src + i]));
         Y[dst + i] = X[src + i] * inv * weight(g, i) * gate;

@@ -563,6 +563,87 @@ fn router_matches_cpu_with_ties() {
     close(&got_w, &want_w, 1e-6, "router weights");
 }
 
+/// The router with more experts than its workgroup has invocations (each invocation owns several,
+/// ties spread over invocations) against `model::ops::{softmax, top_k}`, and token invariance:
+/// 5 tokens in one dispatch give the same bits as 5 one-token dispatches.
+#[test]
+fn router_many_experts_is_exact_and_token_invariant() {
+    let Some(ctx) = context() else { return };
+    let (n_expert, k, tokens) = (200, 10, 5);
+    let mut logits = random_vec(tokens * n_expert, 37);
+    // Token 0: a tie between experts owned by the same invocation (5, 69, 133) and by others
+    // (6, 70, 199); token 1: ties below the top too.
+    for e in [5, 69, 133, 6, 70, 199] {
+        logits[e] = 3.0;
+    }
+    for e in [100, 4, 150] {
+        logits[n_expert + e] = 2.0;
+    }
+    let run = |split: bool| -> (Vec<u32>, Vec<f32>) {
+        let lb = upload(&ctx, &logits);
+        let ids = GpuBuf::zeros(&ctx, "ids", tokens * k).expect("ids");
+        let wts = GpuBuf::zeros(&ctx, "wts", tokens * k).expect("wts");
+        let mut rec = Recorder::new();
+        if split {
+            for t in 0..tokens {
+                let one = upload(&ctx, &logits[t * n_expert..(t + 1) * n_expert]);
+                let one_ids = GpuBuf::zeros(&ctx, "ids1", k).expect("ids1");
+                let one_w = GpuBuf::zeros(&ctx, "wts1", k).expect("wts1");
+                gops::moe_router(&ctx, &mut rec, &one, &one_ids, &one_w, n_expert, k, 1)
+                    .expect("router");
+                rec.run(&ctx).expect("run");
+                rec = Recorder::new();
+                let i = one_ids.read_u32(&ctx, 0, k).expect("ids");
+                let w = download(&ctx, &one_w, k);
+                ids.write_u32(&ctx, t * k, &i).expect("write ids");
+                wts.write_u32(
+                    &ctx,
+                    t * k,
+                    &w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                )
+                .expect("write wts");
+            }
+        } else {
+            gops::moe_router(&ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
+            rec.run(&ctx).expect("run");
+        }
+        (
+            ids.read_u32(&ctx, 0, tokens * k).expect("ids"),
+            download(&ctx, &wts, tokens * k),
+        )
+    };
+    let (got_ids, got_w) = run(false);
+    let (split_ids, split_w) = run(true);
+    let mut want_w = Vec::new();
+    for t in 0..tokens {
+        let mut p = logits[t * n_expert..(t + 1) * n_expert].to_vec();
+        cpu::softmax(&mut p);
+        let chosen = cpu::top_k(&p, k);
+        let total: f32 = chosen.iter().map(|&e| p[e]).sum();
+        let want_ids: Vec<u32> = chosen.iter().map(|&e| e as u32).collect();
+        assert_eq!(
+            &got_ids[t * k..(t + 1) * k],
+            &want_ids[..],
+            "token {t}: expert ids"
+        );
+        want_w.extend(chosen.iter().map(|&e| p[e] / total));
+    }
+    assert_eq!(
+        &got_ids[..6],
+        &[5, 6, 69, 70, 133, 199],
+        "ties go to the lowest ids"
+    );
+    close(&got_w, &want_w, 1e-6, "router weights");
+    assert_eq!(got_ids, split_ids, "ids depend on the token count");
+    assert!(
+        got_w
+            .iter()
+            .zip(&split_w)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "weights depend on the token count"
+    );
+}
+
 /// GDN conv + recurrence against a CPU twin written from `model::gdn` (same per-token maths),
 /// and chunk invariance: 7 tokens in one dispatch == 7 dispatches of one token, bit for bit.
 #[test]

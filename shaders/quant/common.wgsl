@@ -21,13 +21,16 @@ fn w_u16(b: u32) -> u32 {
     return w_u8(b) | (w_u8(b + 1u) << 8u);
 }
 
+// The 32 bits starting `s` bits into `lo` (continuing into `hi`). Branch-free: lanes of a subgroup
+// reading blocks of odd sizes see both alignments, and a branch would run both paths.
+fn funnel(lo: u32, hi: u32, s: u32) -> u32 {
+    // `hi << 32u` would be `hi << 0u` (WGSL masks shift amounts), so s == 0 is selected apart.
+    return select((lo >> s) | (hi << (32u - s)), lo, s == 0u);
+}
+
 fn w_u32(b: u32) -> u32 {
-    let shift = (b & 3u) << 3u;
-    let lo = W[b >> 2u];
-    if (shift == 0u) {
-        return lo;
-    }
-    return (lo >> shift) | (W[(b >> 2u) + 1u] << (32u - shift));
+    let i = b >> 2u;
+    return funnel(W[i], W[i + 1u], (b & 3u) << 3u);
 }
 
 fn w_f16(b: u32) -> f32 {
@@ -38,9 +41,9 @@ fn f16_bits(h: u32) -> f32 {
     return unpack2x16float(h & 0xffffu).x;
 }
 
-// 16 bytes from byte address `b` (any alignment) as 4 little-endian words: 4 or 5 word loads
-// instead of 16 byte loads. The 5th word is only read when `b` is unaligned, and then it holds
-// bytes of the 16 (so it is inside the tensor).
+// 16 bytes from byte address `b` (any alignment) as 4 little-endian words: 5 word loads and no
+// branch. When `b` is aligned the 5th word is not used; it may then lie past the tensor's end,
+// where WGSL's bounds handling makes the load harmless.
 fn w_load16(b: u32) -> vec4<u32> {
     let i = b >> 2u;
     let s = (b & 3u) << 3u;
@@ -48,12 +51,8 @@ fn w_load16(b: u32) -> vec4<u32> {
     let a1 = W[i + 1u];
     let a2 = W[i + 2u];
     let a3 = W[i + 3u];
-    if (s == 0u) {
-        return vec4<u32>(a0, a1, a2, a3);
-    }
     let a4 = W[i + 4u];
-    let r = 32u - s;
-    return vec4<u32>((a0 >> s) | (a1 << r), (a1 >> s) | (a2 << r), (a2 >> s) | (a3 << r), (a3 >> s) | (a4 << r));
+    return vec4<u32>(funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s));
 }
 
 // Byte j (0..15) of a `w_load16` result.

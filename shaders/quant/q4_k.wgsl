@@ -2,14 +2,16 @@
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 144u;
 
-// Scale and min of sub-block j from the 12 packed bytes at `sc`.
+// Scale and min of sub-block j from the 12 packed bytes at `sc`. Branch-free (lanes of a subgroup
+// work on different sub-blocks, so `j < 4` diverges): one 16-byte load, both layouts, a select.
 fn k4_scale_min(sc: u32, j: u32) -> vec2<f32> {
-    if (j < 4u) {
-        return vec2<f32>(f32(w_u8(sc + j) & 63u), f32(w_u8(sc + j + 4u) & 63u));
-    }
-    let s = (w_u8(sc + j + 4u) & 0xfu) | ((w_u8(sc + j - 4u) >> 6u) << 4u);
-    let m = (w_u8(sc + j + 4u) >> 4u) | ((w_u8(sc + j) >> 6u) << 4u);
-    return vec2<f32>(f32(s), f32(m));
+    let bytes = w_load16(sc);
+    let b_j = byte_of(bytes, j);
+    let b_j4 = byte_of(bytes, j + 4u);
+    let b_jm4 = byte_of(bytes, select(j, j - 4u, j >= 4u));
+    let low = vec2<u32>(b_j & 63u, b_j4 & 63u);
+    let high = vec2<u32>((b_j4 & 0xfu) | ((b_jm4 >> 6u) << 4u), (b_j4 >> 4u) | ((b_j >> 6u) << 4u));
+    return vec2<f32>(select(high, low, j < 4u));
 }
 
 fn dequant_chunk(block: u32, sub: u32) {

@@ -235,9 +235,19 @@ struct MatvecParams {
     x_per_item: u32,
     expert_first: u32,
     expert_count: u32,
+    rows_per_wg: u32,
 }
 
-const MATVEC_ROWS_PER_WG: usize = 16;
+/// Rows per mat-vec workgroup: two per subgroup of a 256-invocation workgroup (shaders/matvec.wgsl),
+/// from the adapter's largest reported subgroup size (32 assumed when it reports none). Any actual
+/// size still computes every row, and a row's bits do not depend on this number.
+fn matvec_rows_per_wg(ctx: &GpuContext) -> usize {
+    let subgroup = match ctx.adapter.subgroup_max_size {
+        0 => 32,
+        n => n as usize,
+    };
+    (2 * (256 / subgroup.min(256))).max(2)
+}
 const MATVEC_TILE: usize = 4;
 const MAX_GRID: usize = 65535;
 
@@ -318,6 +328,7 @@ pub fn matvec(
     x.check_vec4(&w.name)?;
     y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
     let key = grid_key("matvec", w.ty, "matvec");
+    let rows_per_wg = matvec_rows_per_wg(ctx);
     // The plain mat-vec handles MATVEC_TILE vectors per workgroup row (shaders/matvec.wgsl).
     let (gy, gz) = item_grid(items.div_ceil(MATVEC_TILE));
     for part in &w.parts {
@@ -330,6 +341,7 @@ pub fn matvec(
             x_offset: to_u32(x.offset, "x offset")?,
             y_stride: to_u32(y.stride, "y stride")?,
             y_offset: to_u32(y.offset + part.first_row, "y offset")?,
+            rows_per_wg: to_u32(rows_per_wg, "rows per workgroup")?,
             ..Default::default()
         };
         let mut bindings = vec![(0, &part.buffer), (1, &*x.buf.buffer), (2, &*y.buf.buffer)];
@@ -337,7 +349,7 @@ pub fn matvec(
         if let Some(g) = &grid {
             bindings.push((4, &**g));
         }
-        let gx = to_u32(part.n_rows.div_ceil(MATVEC_ROWS_PER_WG), "grid x")?;
+        let gx = to_u32(part.n_rows.div_ceil(rows_per_wg), "grid x")?;
         rec.push(
             ctx,
             &key,
@@ -382,6 +394,7 @@ pub fn matvec_expert(
         &format!("expert matvec {} output", w.name),
     )?;
     let key = grid_key("matvec", w.ty, "matvec_expert");
+    let rows_per_wg = matvec_rows_per_wg(ctx);
     let (gy, gz) = item_grid(items);
     for part in &w.parts {
         let params = MatvecParams {
@@ -397,6 +410,7 @@ pub fn matvec_expert(
             x_per_item: x_per_item as u32,
             expert_first: to_u32(part.first_row / w.rows_per_unit, "expert")?,
             expert_count: to_u32(part.n_rows / w.rows_per_unit, "experts")?,
+            rows_per_wg: to_u32(rows_per_wg, "rows per workgroup")?,
         };
         let mut bindings = vec![
             (0, &part.buffer),
@@ -408,7 +422,7 @@ pub fn matvec_expert(
         if let Some(g) = &grid {
             bindings.push((4, &**g));
         }
-        let gx = to_u32(w.rows_per_unit.div_ceil(MATVEC_ROWS_PER_WG), "grid x")?;
+        let gx = to_u32(w.rows_per_unit.div_ceil(rows_per_wg), "grid x")?;
         rec.push(
             ctx,
             &key,

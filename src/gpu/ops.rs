@@ -751,7 +751,8 @@ pub fn moe_router(
             (2, &*weights.buffer),
         ],
         &words(&[u(tokens)?, u(n_expert)?, u(k)?, 0, 0]),
-        [u(tokens.div_ceil(64))?, 1, 1],
+        // One workgroup per token (grid x wraps at 65535 into y, as the shader expects).
+        [u(tokens.min(65535))?, u(tokens.div_ceil(65535))?, 1],
     )
 }
 

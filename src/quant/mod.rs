@@ -12,7 +12,7 @@
 //! `docs/quant.md` for what "Q2_0" files are).
 
 mod blocks;
-mod iq_tables;
+pub(crate) mod iq_tables;
 mod quantize;
 
 pub use quantize::{is_quantize_supported, quantize};
