@@ -44,7 +44,7 @@ pub struct Args {
     pub layers: usize,
     /// `--synthetic full`: routed experts per layer (the real model has 512; fewer for a quick run).
     #[arg(long, default_value_t = 512)]
-    pub experts: usize,
+    pub routed_experts: usize,
     /// cpu or gpu.
     #[arg(long, value_enum, default_value = "gpu")]
     pub backend: BackendChoice,
@@ -60,6 +60,10 @@ pub struct Args {
     /// Write the JSON report here as well as printing it.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Memory tiers: `--vram-budget` keeps only as many experts in VRAM as fit and serves the
+    /// rest from host memory (the report then gives the hit rate and upload bandwidth).
+    #[command(flatten)]
+    pub tiers: crate::tiers::TierArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -432,7 +436,12 @@ fn bench_model(
         BackendChoice::Gpu | BackendChoice::Auto => {
             let ctx = gpu_context()?;
             let read = streaming_read_gbps(&ctx)?;
-            let b = Arc::new(GpuBackend::load(ctx.clone(), gguf, ctx_len)?);
+            let b = Arc::new(GpuBackend::load_with(
+                ctx.clone(),
+                gguf,
+                ctx_len,
+                &args.tiers,
+            )?);
             let bytes = b.bytes_per_decoded_token();
             gpu_backend = Some(Arc::clone(&b));
             (
@@ -504,8 +513,41 @@ fn bench_model(
             a / r * 100.0
         );
     }
+    let tiers = gpu_backend.as_ref().and_then(|b| b.tier_stats());
+    if let Some(t) = tiers.as_ref().filter(|t| t.slots == 0) {
+        eprintln!(
+            "expert slots: none needed ({} experts accounted), every expert resident in VRAM",
+            t.total_experts
+        );
+    } else if let Some(t) = &tiers {
+        eprintln!(
+            "expert slots: {} of {} experts in VRAM; hit rate {:.1}% ({} hits, {} misses); \
+             {:.2} GB uploaded at {:.2} GB/s",
+            t.slots,
+            t.total_experts,
+            t.hit_rate() * 100.0,
+            t.hits,
+            t.misses,
+            t.bytes_uploaded as f64 / 1e9,
+            t.upload_gb_per_s()
+        );
+    }
+    let rss = host_rss_bytes();
+    if let Some(r) = rss {
+        eprintln!("host RSS: {:.2} GB", r as f64 / 1e9);
+    }
     Ok(serde_json::json!({
         "benchmark": "model",
+        "expert_tier": tiers.as_ref().map(|t| serde_json::json!({
+            "slots": t.slots,
+            "total_experts": t.total_experts,
+            "hits": t.hits,
+            "misses": t.misses,
+            "hit_rate": t.hit_rate(),
+            "bytes_uploaded": t.bytes_uploaded,
+            "upload_gb_per_s": t.upload_gb_per_s(),
+        })),
+        "host_rss_bytes": rss,
         "model": backend.info().name,
         "backend": backend.info().backend,
         "adapter": gpu,
@@ -543,7 +585,7 @@ fn synthetic_full(args: &Args) -> anyhow::Result<crate::gguf::Gguf> {
         anyhow::bail!("no GPU kernel for {}", quant.name());
     }
     let layers = args.layers.max(1);
-    let experts = args.experts.max(10);
+    let experts = args.routed_experts.max(10);
     let (h, hc, low, vocab) = (2560usize, 4usize, 320usize, 248320usize);
     let (n_head, n_kv, hd) = (24usize, 2usize, 256usize);
     let (nk, nv, dk, dv, conv) = (16usize, 48usize, 128usize, 128usize, 4usize);
@@ -927,4 +969,12 @@ fn fill_tensors(w: &crate::gguf::writer::GgufWriter, fills: Vec<(u64, Fill)>) ->
         offset = (offset + n_bytes).next_multiple_of(alignment);
     }
     bytes
+}
+
+/// Resident set size of this process (Linux `/proc/self/status`), for the memory-tier report.
+fn host_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
