@@ -1,6 +1,7 @@
 // Dequantizing matrix-vector product, y[item][row] = W[row] . x[item], for one part of a weight
 // tensor (parts are whole rows, see src/gpu/buffers.rs). Assembled with quant/common.wgsl and one
-// quant/<type>.wgsl that supplies `dequant_chunk`.
+// quant/<type>.wgsl that supplies `dequant_chunk` and `dq_chunk` (or quant/chunk_regs.wgsl's
+// generic `dq_chunk`).
 //
 // Reduction order (fixed, and the same for every batch size, so prefill == decode bit for bit):
 // lane l of a subgroup takes the 32-value chunks l, l+S, l+2S, ... of its row in order, sums each
@@ -40,27 +41,36 @@ var<immediate> p: Params;
 const WG: u32 = 256u;
 const ROWS_PER_SG: u32 = 2u;
 
-// The first row's dequantized chunk while the second row's is made in `wq`.
-var<private> wq_first: array<f32, 32>;
-
-// Sequential fma over the 32 values of the chunk in `wq_first` (.x) and in `wq` (.y), in index
-// order, against x[xb..xb+32]: each x value is loaded once for both rows, and each row's sum is
-// exactly the single-row sequence.
-fn chunk_dot_pair(xb: u32) -> vec2<f32> {
+// Sequential fma over the 32 values of chunk `a` (.x) and chunk `b` (.y), in index order, against
+// x[xb..xb+32]: each x value is loaded once for both rows, and each row's sum is exactly the
+// single-row sequence. The chunks are values in registers (`Chunk`, quant/common.wgsl), not a
+// dynamically indexed private array, which NVIDIA drivers place in slow local memory.
+fn chunk_dot_pair(a: Chunk, b: Chunk, xb: u32) -> vec2<f32> {
     let v0 = xb >> 2u;
-    var a = 0.0;
-    var b = 0.0;
-    for (var k = 0u; k < 8u; k++) {
-        let x = X[v0 + k];
-        a = fma(wq_first[4u * k], x.x, a);
-        a = fma(wq_first[4u * k + 1u], x.y, a);
-        a = fma(wq_first[4u * k + 2u], x.z, a);
-        a = fma(wq_first[4u * k + 3u], x.w, a);
-        b = fma(wq[4u * k], x.x, b);
-        b = fma(wq[4u * k + 1u], x.y, b);
-        b = fma(wq[4u * k + 2u], x.z, b);
-        b = fma(wq[4u * k + 3u], x.w, b);
-    }
+    var s = vec2<f32>(0.0);
+    s = dot4_pair(a.v0, b.v0, X[v0], s);
+    s = dot4_pair(a.v1, b.v1, X[v0 + 1u], s);
+    s = dot4_pair(a.v2, b.v2, X[v0 + 2u], s);
+    s = dot4_pair(a.v3, b.v3, X[v0 + 3u], s);
+    s = dot4_pair(a.v4, b.v4, X[v0 + 4u], s);
+    s = dot4_pair(a.v5, b.v5, X[v0 + 5u], s);
+    s = dot4_pair(a.v6, b.v6, X[v0 + 6u], s);
+    s = dot4_pair(a.v7, b.v7, X[v0 + 7u], s);
+    return s;
+}
+
+// Four sequential fma steps per row (components in order x, y, z, w).
+fn dot4_pair(wa: vec4<f32>, wb: vec4<f32>, x: vec4<f32>, acc: vec2<f32>) -> vec2<f32> {
+    var a = acc.x;
+    var b = acc.y;
+    a = fma(wa.x, x.x, a);
+    a = fma(wa.y, x.y, a);
+    a = fma(wa.z, x.z, a);
+    a = fma(wa.w, x.w, a);
+    b = fma(wb.x, x.x, b);
+    b = fma(wb.y, x.y, b);
+    b = fma(wb.z, x.z, b);
+    b = fma(wb.w, x.w, b);
     return vec2<f32>(a, b);
 }
 
@@ -106,26 +116,24 @@ fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, 
         let block_offset = (c / chunks_per_block) * BLOCK_BYTES;
         let sub = c % chunks_per_block;
         let xb = x_base + c * 32u;
-        dequant_chunk(row_a + block_offset, sub);
-        wq_first = wq;
-        if (has_b) {
-            dequant_chunk(row_b + block_offset, sub);
-        }
-        let s0 = chunk_dot_pair(xb);
+        let chunk_a = dq_chunk(row_a + block_offset, sub);
+        // Without a second row, row a is read again (cached) rather than branching around it.
+        let chunk_b = dq_chunk(select(row_a, row_b, has_b) + block_offset, sub);
+        let s0 = chunk_dot_pair(chunk_a, chunk_b, xb);
         acc_a.x += s0.x;
         acc_b.x += s0.y;
         if (n_items > 1u) {
-            let s1 = chunk_dot_pair(xb + p.x_stride);
+            let s1 = chunk_dot_pair(chunk_a, chunk_b, xb + p.x_stride);
             acc_a.y += s1.x;
             acc_b.y += s1.y;
         }
         if (n_items > 2u) {
-            let s2 = chunk_dot_pair(xb + 2u * p.x_stride);
+            let s2 = chunk_dot_pair(chunk_a, chunk_b, xb + 2u * p.x_stride);
             acc_a.z += s2.x;
             acc_b.z += s2.y;
         }
         if (n_items > 3u) {
-            let s3 = chunk_dot_pair(xb + 3u * p.x_stride);
+            let s3 = chunk_dot_pair(chunk_a, chunk_b, xb + 3u * p.x_stride);
             acc_a.w += s3.x;
             acc_b.w += s3.y;
         }

@@ -7,7 +7,10 @@ use std::path::Path;
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: not a supported .npy file: {why}")]
     Format { path: String, why: String },
 }
@@ -28,10 +31,20 @@ impl NpyArray {
 }
 
 pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<(), NpyError> {
-    let io = |source| NpyError::Io { path: path.display().to_string(), source };
+    let io = |source| NpyError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     let shape_txt = match shape.len() {
         1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_txt}, }}");
     // Pad so that magic(6) + version(2) + len(2) + header + '\n' is a multiple of 64.
@@ -51,7 +64,10 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<(), NpyEr
 
 pub fn read(path: &Path) -> Result<NpyArray, NpyError> {
     let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| NpyError::Io { path: p.clone(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| NpyError::Io {
+        path: p.clone(),
+        source,
+    })?;
     parse(&bytes).map_err(|why| NpyError::Format { path: p, why })
 }
 
@@ -65,13 +81,14 @@ pub fn parse(bytes: &[u8]) -> Result<NpyArray, String> {
             if bytes.len() < 12 {
                 return Err("truncated header".into());
             }
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
         }
         v => return Err(format!("unsupported version {v}")),
     };
-    let header = bytes
-        .get(hstart..hstart + hlen)
-        .ok_or("truncated header")?;
+    let header = bytes.get(hstart..hstart + hlen).ok_or("truncated header")?;
     let header = std::str::from_utf8(header).map_err(|_| "header not utf-8")?;
     let descr = header
         .split("'descr':")
@@ -98,12 +115,20 @@ pub fn parse(bytes: &[u8]) -> Result<NpyArray, String> {
     let (width, conv): (usize, fn(&[u8]) -> f32) = match descr {
         "<f4" => (4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         "<i4" => (4, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32),
-        "<f8" => (8, |b| f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f32),
-        "<i8" => (8, |b| i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f32),
+        "<f8" => (8, |b| {
+            f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f32
+        }),
+        "<i8" => (8, |b| {
+            i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f32
+        }),
         d => return Err(format!("unsupported dtype {d}")),
     };
     if body.len() < n * width {
-        return Err(format!("body has {} bytes, shape needs {}", body.len(), n * width));
+        return Err(format!(
+            "body has {} bytes, shape needs {}",
+            body.len(),
+            n * width
+        ));
     }
     let data = body[..n * width].chunks_exact(width).map(conv).collect();
     Ok(NpyArray { shape, data })

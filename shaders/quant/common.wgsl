@@ -63,3 +63,28 @@ fn byte_of(v: vec4<u32>, j: u32) -> u32 {
 fn sbyte_of(v: vec4<u32>, j: u32) -> i32 {
     return bitcast<i32>(byte_of(v, j) << 24u) >> 24u;
 }
+
+// One chunk's 32 dequantized values held in registers: v0 = values 0..3, v1 = 4..7, ... A struct
+// of vectors read with constant field names stays in registers, unlike a private array indexed in
+// a loop. Types with a register dequantizer define `dq_chunk(block_byte, sub) -> Chunk` directly;
+// the others get quant/chunk_regs.wgsl, which copies `wq` into a `Chunk`.
+struct Chunk {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    v4: vec4<f32>,
+    v5: vec4<f32>,
+    v6: vec4<f32>,
+    v7: vec4<f32>,
+}
+
+// The 4 bytes of `w` (low first) as unsigned vector lanes.
+fn bytes4(w: u32) -> vec4<u32> {
+    return (vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u)) & vec4<u32>(0xffu);
+}
+
+// The 4 bytes of `w` (low first) as signed values.
+fn i8x4(w: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 24u, w << 16u, w << 8u, w)) >> vec4<u32>(24u));
+}

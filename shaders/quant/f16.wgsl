@@ -10,3 +10,14 @@ fn dequant_chunk(block: u32, sub: u32) {
         wq[2u * j + 1u] = v.y;
     }
 }
+
+// Register dequantizer (same values as `dequant_chunk`).
+fn f16x4(w0: u32) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(W[w0]), unpack2x16float(W[w0 + 1u]));
+}
+
+fn dq_chunk(block: u32, sub: u32) -> Chunk {
+    let w0 = block >> 2u;
+    return Chunk(f16x4(w0), f16x4(w0 + 2u), f16x4(w0 + 4u), f16x4(w0 + 6u), f16x4(w0 + 8u),
+                 f16x4(w0 + 10u), f16x4(w0 + 12u), f16x4(w0 + 14u));
+}

@@ -34,3 +34,29 @@ fn dequant_chunk(block: u32, sub: u32) {
         wq[l + 16u] = dl * f32(b) - ml;
     }
 }
+
+// Register dequantizer (same values as `dequant_chunk`): 4 values from a word of nibbles and the
+// matching word of fifth bits.
+fn q5x4(qw: u32, hw: u32, shift: u32, sub: u32, dl: f32, ml: f32) -> vec4<f32> {
+    let low = (bytes4(qw) >> vec4<u32>(shift)) & vec4<u32>(0xfu);
+    let high = ((bytes4(hw) >> vec4<u32>(sub)) & vec4<u32>(1u)) << vec4<u32>(4u);
+    return dl * vec4<f32>(low | high) - vec4<f32>(ml);
+}
+
+fn dq_chunk(block: u32, sub: u32) -> Chunk {
+    let d = w_f16(block);
+    let dmin = w_f16(block + 2u);
+    let sm = k4_scale_min(block + 4u, sub);
+    let dl = d * sm.x;
+    let ml = dmin * sm.y;
+    let qs = block + 48u + 32u * (sub / 2u);
+    let shift = 4u * (sub % 2u);
+    let q0 = w_load16(qs);
+    let q1 = w_load16(qs + 16u);
+    let h0 = w_load16(block + 16u);
+    let h1 = w_load16(block + 32u);
+    return Chunk(q5x4(q0.x, h0.x, shift, sub, dl, ml), q5x4(q0.y, h0.y, shift, sub, dl, ml),
+                 q5x4(q0.z, h0.z, shift, sub, dl, ml), q5x4(q0.w, h0.w, shift, sub, dl, ml),
+                 q5x4(q1.x, h1.x, shift, sub, dl, ml), q5x4(q1.y, h1.y, shift, sub, dl, ml),
+                 q5x4(q1.z, h1.z, shift, sub, dl, ml), q5x4(q1.w, h1.w, shift, sub, dl, ml));
+}

@@ -11,3 +11,12 @@ fn dequant_chunk(block: u32, sub: u32) {
         wq[j + 16u] = d * f32(sbyte_of(hi, j));
     }
 }
+
+// Register dequantizer (same values as `dequant_chunk`).
+fn dq_chunk(block: u32, sub: u32) -> Chunk {
+    let d = w_f16(block);
+    let lo = w_load16(block + 2u);
+    let hi = w_load16(block + 18u);
+    return Chunk(d * i8x4(lo.x), d * i8x4(lo.y), d * i8x4(lo.z), d * i8x4(lo.w), d * i8x4(hi.x),
+                 d * i8x4(hi.y), d * i8x4(hi.z), d * i8x4(hi.w));
+}
