@@ -50,7 +50,8 @@ impl ModelArgs {
 /// Opens a GGUF file, or the built-in demo model when `path` is `None`.
 pub fn open_gguf(path: Option<&Path>) -> anyhow::Result<Arc<Gguf>> {
     let gguf = match path {
-        Some(p) => Gguf::open(p).with_context(|| format!("opening model {}", p.display()))?,
+        // GgufError already names the file, so no extra context that would repeat the path.
+        Some(p) => Gguf::open(p)?,
         None => demo_gguf().context("opening the built-in demo model")?,
     };
     Ok(Arc::new(gguf))
