@@ -1,7 +1,6 @@
 // Dequantizing matrix-vector product, y[item][row] = W[row] . x[item], for one part of a weight
 // tensor (parts are whole rows, see src/gpu/buffers.rs). Assembled with quant/common.wgsl and one
-// quant/<type>.wgsl that supplies `dequant_chunk` and `dq_chunk` (or quant/chunk_regs.wgsl's
-// generic `dq_chunk`).
+// quant/<type>.wgsl that supplies `dequant_chunk`, and one row body, quant/rowdot_*.wgsl.
 //
 // Reduction order (fixed, and the same for every batch size, so prefill == decode bit for bit):
 // lane l of a subgroup takes the 32-value chunks l, l+S, l+2S, ... of its row in order, sums each
@@ -41,39 +40,6 @@ var<immediate> p: Params;
 const WG: u32 = 256u;
 const ROWS_PER_SG: u32 = 2u;
 
-// Sequential fma over the 32 values of chunk `a` (.x) and chunk `b` (.y), in index order, against
-// x[xb..xb+32]: each x value is loaded once for both rows, and each row's sum is exactly the
-// single-row sequence. The chunks are values in registers (`Chunk`, quant/common.wgsl), not a
-// dynamically indexed private array, which NVIDIA drivers place in slow local memory.
-fn chunk_dot_pair(a: Chunk, b: Chunk, xb: u32) -> vec2<f32> {
-    let v0 = xb >> 2u;
-    var s = vec2<f32>(0.0);
-    s = dot4_pair(a.v0, b.v0, X[v0], s);
-    s = dot4_pair(a.v1, b.v1, X[v0 + 1u], s);
-    s = dot4_pair(a.v2, b.v2, X[v0 + 2u], s);
-    s = dot4_pair(a.v3, b.v3, X[v0 + 3u], s);
-    s = dot4_pair(a.v4, b.v4, X[v0 + 4u], s);
-    s = dot4_pair(a.v5, b.v5, X[v0 + 5u], s);
-    s = dot4_pair(a.v6, b.v6, X[v0 + 6u], s);
-    s = dot4_pair(a.v7, b.v7, X[v0 + 7u], s);
-    return s;
-}
-
-// Four sequential fma steps per row (components in order x, y, z, w).
-fn dot4_pair(wa: vec4<f32>, wb: vec4<f32>, x: vec4<f32>, acc: vec2<f32>) -> vec2<f32> {
-    var a = acc.x;
-    var b = acc.y;
-    a = fma(wa.x, x.x, a);
-    a = fma(wa.y, x.y, a);
-    a = fma(wa.z, x.z, a);
-    a = fma(wa.w, x.w, a);
-    b = fma(wb.x, x.x, b);
-    b = fma(wb.y, x.y, b);
-    b = fma(wb.z, x.z, b);
-    b = fma(wb.w, x.w, b);
-    return vec2<f32>(a, b);
-}
-
 // Up to TILE x vectors share each dequantized chunk (prefill reads every weight once per tile, not
 // once per token). Each (row, vector) still gets exactly one sequence whatever the tile or the
 // number of vectors: lane l takes chunks l, l+S, ... in order, sums each chunk sequentially with
@@ -103,43 +69,9 @@ struct RowPair {
     b: vec4<f32>,
 }
 
-// Rows starting at bytes `row_a` and `row_b` against the vectors at `x_base`, `x_base + x_stride`,
-// ... (`n_items` of them, components past it stay 0). `has_b` false: row b is not read and its
-// sums are meaningless (the caller does not store them).
-fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, lane: u32,
-                sg_size: u32) -> RowPair {
-    let chunks = p.k / 32u;
-    let chunks_per_block = QK / 32u;
-    var acc_a = vec4<f32>(0.0);
-    var acc_b = vec4<f32>(0.0);
-    for (var c = lane; c < chunks; c += sg_size) {
-        let block_offset = (c / chunks_per_block) * BLOCK_BYTES;
-        let sub = c % chunks_per_block;
-        let xb = x_base + c * 32u;
-        let chunk_a = dq_chunk(row_a + block_offset, sub);
-        // Without a second row, row a is read again (cached) rather than branching around it.
-        let chunk_b = dq_chunk(select(row_a, row_b, has_b) + block_offset, sub);
-        let s0 = chunk_dot_pair(chunk_a, chunk_b, xb);
-        acc_a.x += s0.x;
-        acc_b.x += s0.y;
-        if (n_items > 1u) {
-            let s1 = chunk_dot_pair(chunk_a, chunk_b, xb + p.x_stride);
-            acc_a.y += s1.x;
-            acc_b.y += s1.y;
-        }
-        if (n_items > 2u) {
-            let s2 = chunk_dot_pair(chunk_a, chunk_b, xb + 2u * p.x_stride);
-            acc_a.z += s2.x;
-            acc_b.z += s2.y;
-        }
-        if (n_items > 3u) {
-            let s3 = chunk_dot_pair(chunk_a, chunk_b, xb + 3u * p.x_stride);
-            acc_a.w += s3.x;
-            acc_b.w += s3.y;
-        }
-    }
-    return RowPair(reduce_items(acc_a, n_items), reduce_items(acc_b, n_items));
-}
+// `row_pair_dot(row_a, row_b, has_b, x_base, n_items, lane, sg_size) -> RowPair` comes from
+// quant/rowdot_group.wgsl (types with a register `dq8`: lanes along the row) or
+// quant/rowdot_chunk.wgsl (the others: a lane per 32-value chunk), chosen in src/gpu/shaders.rs.
 
 fn store_items(row: u32, first_item: u32, n_items: u32, v: vec4<f32>) {
     let base = first_item * p.y_stride + p.y_offset + row;

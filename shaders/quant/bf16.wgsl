@@ -10,3 +10,15 @@ fn dequant_chunk(block: u32, sub: u32) {
         wq[2u * j + 1u] = bitcast<f32>(w & 0xffff0000u);
     }
 }
+
+// Register dequantizer for `dq8` (same values as `dequant_chunk`).
+fn bf16x4(w0: u32) -> vec4<f32> {
+    let a = W[w0];
+    let b = W[w0 + 1u];
+    return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
+}
+
+fn dq8(block: u32, group: u32) -> Group8 {
+    let w0 = (block >> 2u) + 4u * group;
+    return Group8(bf16x4(w0), bf16x4(w0 + 2u));
+}

@@ -66,8 +66,8 @@ fn sbyte_of(v: vec4<u32>, j: u32) -> i32 {
 
 // One chunk's 32 dequantized values held in registers: v0 = values 0..3, v1 = 4..7, ... A struct
 // of vectors read with constant field names stays in registers, unlike a private array indexed in
-// a loop. Types with a register dequantizer define `dq_chunk(block_byte, sub) -> Chunk` directly;
-// the others get quant/chunk_regs.wgsl, which copies `wq` into a `Chunk`.
+// a loop. quant/rowdot_chunk.wgsl reads chunks through `dq_chunk`: a register
+// one in the type's file (IQ3_S, Q5_K) or quant/chunk_regs.wgsl's copy of `wq` into a `Chunk`.
 struct Chunk {
     v0: vec4<f32>,
     v1: vec4<f32>,
@@ -87,4 +87,10 @@ fn bytes4(w: u32) -> vec4<u32> {
 // The 4 bytes of `w` (low first) as signed values.
 fn i8x4(w: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w << 24u, w << 16u, w << 8u, w)) >> vec4<u32>(24u));
+}
+
+// 8 consecutive dequantized values in registers (the unit of the lane-along-row mat-vec path).
+struct Group8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }

@@ -11,13 +11,12 @@ fn dequant_chunk(block: u32, sub: u32) {
     }
 }
 
-// Register dequantizer (same values as `dequant_chunk`).
+// Register dequantizer for `dq8` (same values as `dequant_chunk`).
 fn f16x4(w0: u32) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(W[w0]), unpack2x16float(W[w0 + 1u]));
 }
 
-fn dq_chunk(block: u32, sub: u32) -> Chunk {
-    let w0 = block >> 2u;
-    return Chunk(f16x4(w0), f16x4(w0 + 2u), f16x4(w0 + 4u), f16x4(w0 + 6u), f16x4(w0 + 8u),
-                 f16x4(w0 + 10u), f16x4(w0 + 12u), f16x4(w0 + 14u));
+fn dq8(block: u32, group: u32) -> Group8 {
+    let w0 = (block >> 2u) + 4u * group;
+    return Group8(f16x4(w0), f16x4(w0 + 2u));
 }

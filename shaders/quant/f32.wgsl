@@ -7,3 +7,13 @@ fn dequant_chunk(block: u32, sub: u32) {
         wq[j] = bitcast<f32>(W[w0 + j]);
     }
 }
+
+// Register dequantizer for `dq8` (same values as `dequant_chunk`).
+fn f32x4(w0: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(vec4<u32>(W[w0], W[w0 + 1u], W[w0 + 2u], W[w0 + 3u]));
+}
+
+fn dq8(block: u32, group: u32) -> Group8 {
+    let w0 = (block >> 2u) + 8u * group;
+    return Group8(f32x4(w0), f32x4(w0 + 4u));
+}

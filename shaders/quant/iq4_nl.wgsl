@@ -21,15 +21,17 @@ fn dequant_chunk(block: u32, sub: u32) {
     }
 }
 
-// Register dequantizer (same values as `dequant_chunk`): nibble `shift` of each byte of `w`.
+// Register dequantizer for `dq8` (same values as `dequant_chunk`).
+// nibble `shift` of each byte of `w`.
 fn iq4x4(w: u32, shift: u32) -> vec4<f32> {
     let q = (bytes4(w) >> vec4<u32>(shift)) & vec4<u32>(0xfu);
     return vec4<f32>(iq4_value(q.x), iq4_value(q.y), iq4_value(q.z), iq4_value(q.w));
 }
 
-fn dq_chunk(block: u32, sub: u32) -> Chunk {
+// Group g: low nibbles (g < 2) or high nibbles (g >= 2) of bytes 8*(g%2) .. 8*(g%2)+8.
+fn dq8(block: u32, group: u32) -> Group8 {
     let d = w_f16(block);
-    let qs = w_load16(block + 2u);
-    return Chunk(d * iq4x4(qs.x, 0u), d * iq4x4(qs.y, 0u), d * iq4x4(qs.z, 0u), d * iq4x4(qs.w, 0u),
-                 d * iq4x4(qs.x, 4u), d * iq4x4(qs.y, 4u), d * iq4x4(qs.z, 4u), d * iq4x4(qs.w, 4u));
+    let q = block + 2u + 8u * (group & 1u);
+    let shift = 4u * (group >> 1u);
+    return Group8(d * iq4x4(w_u32(q), shift), d * iq4x4(w_u32(q + 4u), shift));
 }

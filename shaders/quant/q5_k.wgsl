@@ -35,7 +35,8 @@ fn dequant_chunk(block: u32, sub: u32) {
     }
 }
 
-// Register dequantizer (same values as `dequant_chunk`): 4 values from a word of nibbles and the
+// Register dequantizer for quant/rowdot_chunk.wgsl (same values as `dequant_chunk`).
+// 4 values from a word of nibbles and the
 // matching word of fifth bits.
 fn q5x4(qw: u32, hw: u32, shift: u32, sub: u32, dl: f32, ml: f32) -> vec4<f32> {
     let low = (bytes4(qw) >> vec4<u32>(shift)) & vec4<u32>(0xfu);

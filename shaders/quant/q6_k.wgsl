@@ -23,7 +23,8 @@ fn dequant_chunk(block: u32, sub: u32) {
     }
 }
 
-// Register dequantizer (same values as `dequant_chunk`): 4 values from a word of low nibbles and
+// Register dequantizer for `dq8` (same values as `dequant_chunk`).
+// 4 values from a word of low nibbles and
 // the matching word of high bit pairs, offset -32, times the sub-block scale.
 fn q6x4(lw: u32, hw: u32, nibble_shift: u32, pair_shift: u32, scale: f32) -> vec4<f32> {
     let low = (bytes4(lw) >> vec4<u32>(nibble_shift)) & vec4<u32>(0xfu);
@@ -31,22 +32,18 @@ fn q6x4(lw: u32, hw: u32, nibble_shift: u32, pair_shift: u32, scale: f32) -> vec
     return scale * vec4<f32>(vec4<i32>(low | high) - vec4<i32>(32));
 }
 
-fn dq_chunk(block: u32, sub: u32) -> Chunk {
-    let d = w_f16(block + 208u);
+// Value v of a chunk comes from byte v of its low-nibble run and byte v of its high-bit run.
+fn dq8(block: u32, group: u32) -> Group8 {
+    let sub = group / 4u;
+    let part = group % 4u;
     let half = sub / 4u;
     let k = sub % 4u;
-    let ql = block + 64u * half + 32u * (k & 1u);
-    let qh = block + 128u + 32u * half;
+    let d = w_f16(block + 208u);
+    let ql = block + 64u * half + 32u * (k & 1u) + 8u * part;
+    let qh = block + 128u + 32u * half + 8u * part;
     let ns = 4u * (k / 2u);
     let ps = 2u * k;
-    let l0 = w_load16(ql);
-    let l1 = w_load16(ql + 16u);
-    let h0 = w_load16(qh);
-    let h1 = w_load16(qh + 16u);
-    let s0 = d * f32(w_i8(block + 192u + 8u * half + 2u * k));
-    let s1 = d * f32(w_i8(block + 193u + 8u * half + 2u * k));
-    return Chunk(q6x4(l0.x, h0.x, ns, ps, s0), q6x4(l0.y, h0.y, ns, ps, s0),
-                 q6x4(l0.z, h0.z, ns, ps, s0), q6x4(l0.w, h0.w, ns, ps, s0),
-                 q6x4(l1.x, h1.x, ns, ps, s1), q6x4(l1.y, h1.y, ns, ps, s1),
-                 q6x4(l1.z, h1.z, ns, ps, s1), q6x4(l1.w, h1.w, ns, ps, s1));
+    let scale = d * f32(w_i8(block + 192u + 8u * half + 2u * k + part / 2u));
+    return Group8(q6x4(w_u32(ql), w_u32(qh), ns, ps, scale),
+                  q6x4(w_u32(ql + 4u), w_u32(qh + 4u), ns, ps, scale));
 }

@@ -12,11 +12,9 @@ fn dequant_chunk(block: u32, sub: u32) {
     }
 }
 
-// Register dequantizer (same values as `dequant_chunk`).
-fn dq_chunk(block: u32, sub: u32) -> Chunk {
+// Register dequantizer for `dq8` (same values as `dequant_chunk`).
+fn dq8(block: u32, group: u32) -> Group8 {
     let d = w_f16(block);
-    let lo = w_load16(block + 2u);
-    let hi = w_load16(block + 18u);
-    return Chunk(d * i8x4(lo.x), d * i8x4(lo.y), d * i8x4(lo.z), d * i8x4(lo.w), d * i8x4(hi.x),
-                 d * i8x4(hi.y), d * i8x4(hi.z), d * i8x4(hi.w));
+    let q = block + 2u + 8u * group;
+    return Group8(d * i8x4(w_u32(q)), d * i8x4(w_u32(q + 4u)));
 }
