@@ -125,6 +125,11 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
 const MAX_KEYS: u32 = 2560u;
 var<workgroup> wts: array<f32, MAX_KEYS>;
 var<workgroup> red: array<f32, WG>;
+// Attention runs 256 invocations per (head, token): each key's dot product, the key-order exp sum
+// and each output dimension's key-order sum are still computed by one invocation in a fixed order,
+// so the width changes speed only, never bits (the max reduction is exact in any order).
+const ATT_WG: u32 = 256u;
+var<workgroup> att_red: array<f32, ATT_WG>;
 
 fn key_position(t: u32, j: u32, pos: u32) -> u32 {
     if (p.dense != 0u) {
@@ -139,7 +144,7 @@ fn key_position(t: u32, j: u32, pos: u32) -> u32 {
     return nb * p.ratio + (j - count * p.ratio);
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(ATT_WG)
 fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let h = wg.x;
     let t = wg.y;
@@ -154,7 +159,7 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     let kv_width = p.n_kv * p.hd;
     let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
     var local_max = -3.0e38;
-    for (var j = lid.x; j < n_keys; j += WG) {
+    for (var j = lid.x; j < n_keys; j += ATT_WG) {
         let kp = key_position(t, j, pos);
         var d = 0.0;
         for (var i = 0u; i < p.hd; i++) {
@@ -164,15 +169,15 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         wts[j] = s;
         local_max = max(local_max, s);
     }
-    red[lid.x] = local_max;
+    att_red[lid.x] = local_max;
     workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+    for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
         if (lid.x < st) {
-            red[lid.x] = max(red[lid.x], red[lid.x + st]);
+            att_red[lid.x] = max(att_red[lid.x], att_red[lid.x + st]);
         }
         workgroupBarrier();
     }
-    let mx = red[0];
+    let mx = att_red[0];
     workgroupBarrier();
     // The exp sum runs in key order on one invocation: a fixed order, like the CPU softmax.
     if (lid.x == 0u) {
@@ -182,11 +187,11 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
             wts[j] = e;
             sum += e;
         }
-        red[0] = 1.0 / sum;
+        att_red[0] = 1.0 / sum;
     }
     workgroupBarrier();
-    let inv = red[0];
-    for (var i = lid.x; i < p.hd; i += WG) {
+    let inv = att_red[0];
+    for (var i = lid.x; i < p.hd; i += ATT_WG) {
         var acc = 0.0;
         for (var j = 0u; j < n_keys; j++) {
             let kp = key_position(t, j, pos);
