@@ -21,6 +21,9 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// GPU adapter to use, by its index in `strata inspect --gpus` (default: the first discrete GPU).
+    #[arg(long, global = true, value_name = "N")]
+    pub adapter: Option<usize>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -49,6 +52,12 @@ pub fn main() -> i32 {
             return e.exit_code();
         }
     };
+    if let Some(index) = cli.adapter {
+        // The GPU backend reads the adapter choice from STRATA_ADAPTER wherever it creates a
+        // device; the flag is the same setting spelled as an option.
+        // SAFETY: still single-threaded here (nothing has been spawned before parsing).
+        unsafe { std::env::set_var("STRATA_ADAPTER", index.to_string()) };
+    }
     init_tracing();
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
