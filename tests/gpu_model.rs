@@ -5,44 +5,18 @@
 //! bit-identical logits across two runs and across prefill chunk sizes 1, 7, 64 and whole prompt.
 //! Without an adapter the test fails when `CI` is set and is skipped otherwise.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+mod common;
+use common::{fixtures, margins, prompt_ids, read, run};
 
 use strata::engine::Backend;
 use strata::gguf::Gguf;
 use strata::gpu::GpuContext;
 use strata::gpu::backend::GpuBackend;
-use strata::npy::{self, NpyArray};
 
 const TOLERANCE: f32 = 1e-3;
 const MIN_QSA_MARGIN: f32 = 1e-3;
-
-/// The repository root: `STRATA_REPO` when set (a test binary carried to another machine, where
-/// the compile-time path does not exist), else the crate directory.
-fn repo_root() -> PathBuf {
-    std::env::var_os("STRATA_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-}
-
-fn fixtures() -> PathBuf {
-    repo_root().join("tests/fixtures/tiny")
-}
-
-fn read(path: &Path) -> NpyArray {
-    npy::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-fn prompt_ids(name: &str) -> Vec<u32> {
-    let text = std::fs::read_to_string(fixtures().join("prompts.json")).expect("prompts.json");
-    let all: serde_json::Value = serde_json::from_str(&text).expect("prompts.json parses");
-    all[name]
-        .as_array()
-        .expect("prompt is a list")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
-}
 
 fn context() -> Option<Arc<GpuContext>> {
     let adapter = std::env::var("STRATA_ADAPTER")
@@ -67,31 +41,6 @@ fn load(ctx: &Arc<GpuContext>, ty: &str) -> Arc<GpuBackend> {
     let path = fixtures().join(format!("tiny-{ty}.gguf"));
     let gguf = Arc::new(Gguf::open(&path).expect("fixture GGUF opens"));
     Arc::new(GpuBackend::load(ctx.clone(), gguf, 1024).expect("model loads on the GPU"))
-}
-
-fn run(backend: &Arc<GpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut seq = Arc::clone(backend).new_sequence().expect("sequence");
-    let mut out = Vec::new();
-    for piece in tokens.chunks(chunk) {
-        out.extend(seq.feed(piece, true).expect("feed"));
-    }
-    out
-}
-
-/// Minimum over the QSA layers of the margin at each position.
-fn margins(path: &Path) -> Vec<f32> {
-    let m = read(path);
-    let len = *m.shape.last().expect("margin shape");
-    (0..len)
-        .map(|i| {
-            m.data
-                .iter()
-                .skip(i)
-                .step_by(len)
-                .copied()
-                .fold(f32::INFINITY, f32::min)
-        })
-        .collect()
 }
 
 fn check_type(ctx: &Arc<GpuContext>, ty: &str, prompts: &[&str]) {

@@ -9,37 +9,21 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod common;
+use common::{fixtures, margins, max_abs_diff, prompt_ids, read, run};
+use strata::npy::NpyArray;
+
 use strata::engine::{Backend, EngineError};
 use strata::gguf::Gguf;
 use strata::model::CpuBackend;
-use strata::npy::{self, NpyArray};
 
 const TOLERANCE: f32 = 1e-4;
 const MIN_QSA_MARGIN: f32 = 1e-3;
 const PROMPTS: [&str; 4] = ["p1", "p7", "p64eos", "p300"];
 const DECODE_STEPS: usize = 31;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny")
-}
-
 fn shared_fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/oracle/qwen4exp-tiny")
-}
-
-fn read(path: &Path) -> NpyArray {
-    npy::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-fn prompt_ids(name: &str) -> Vec<u32> {
-    let text = std::fs::read_to_string(fixtures().join("prompts.json")).expect("prompts.json");
-    let all: serde_json::Value = serde_json::from_str(&text).expect("prompts.json parses");
-    all[name]
-        .as_array()
-        .expect("prompt is a list")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
 }
 
 /// Opens a fixture GGUF; `None` (skip) only when a shared-only file is missing outside CI.
@@ -63,40 +47,6 @@ fn open_model(ty: &str) -> Option<Arc<CpuBackend>> {
     Some(Arc::new(
         CpuBackend::load(gguf, 0).expect("fixture model loads"),
     ))
-}
-
-/// Every position's logits for `tokens`, fed `chunk` tokens per call.
-fn run(backend: &Arc<CpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut seq = Arc::clone(backend).new_sequence().expect("sequence");
-    let mut out = Vec::new();
-    for piece in tokens.chunks(chunk) {
-        out.extend(seq.feed(piece, true).expect("feed"));
-    }
-    out
-}
-
-/// Minimum over the QSA layers of the margin at each position (rows = layers).
-fn margins(path: &Path) -> Vec<f32> {
-    let m = read(path);
-    let len = *m.shape.last().expect("margin shape");
-    (0..len)
-        .map(|i| {
-            m.data
-                .iter()
-                .skip(i)
-                .step_by(len)
-                .copied()
-                .fold(f32::INFINITY, f32::min)
-        })
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// The teacher tokens: llama.cpp's greedy continuation (`refs/llamacpp_<TYPE>`). For a type whose
