@@ -62,7 +62,7 @@ fn gdn_conv(@builtin(global_invocation_id) id: vec3<u32>) {
 }
 
 // gdn_recurrence bindings (the conv output is read through QKV)
-@group(0) @binding(4) var<storage, read> QKV: array<f32>;        // [T, channels], q and k L2-normalised
+@group(0) @binding(4) var<storage, read> QKV: array<f32>;        // [T, channels] conv output (q and k normalised here)
 @group(0) @binding(5) var<storage, read> BA: array<f32>;         // [T, 2*n_v_heads]: beta logits | alpha logits
 @group(0) @binding(6) var<storage, read> GP: array<f32>;         // [2*n_v_heads]: dt_bias | ssm_a (= -exp(A_log))
 @group(0) @binding(7) var<storage, read_write> S: array<f32>;    // [n_v_heads, dk, dv]
@@ -140,7 +140,8 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         var kv: array<f32, KEY_PER_THREAD>;
         var qv: array<f32, KEY_PER_THREAD>;
-        var predicted = 0.0;
+        var kk = 0.0;
+        var qq = 0.0;
         for (var j = 0u; j < KEY_PER_THREAD; j++) {
             let i = g + KEY_GROUPS * j;
             kv[j] = 0.0;
@@ -149,6 +150,16 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                 kv[j] = QKV[k0 + i];
                 qv[j] = QKV[q0 + i];
             }
+            kk = fma(kv[j], kv[j], kk);
+            qq = fma(qv[j], qv[j], qq);
+        }
+        // L2 norms of k and q (model-spec 2.6, eps inside the sqrt), q also scaled by 1/sqrt(dk).
+        let k_inv = 1.0 / sqrt(key_sum(kk, x, g) + 1e-6);
+        let q_inv = 1.0 / sqrt(key_sum(qq, x, g) + 1e-6) * (1.0 / sqrt(f32(p.dk)));
+        var predicted = 0.0;
+        for (var j = 0u; j < KEY_PER_THREAD; j++) {
+            kv[j] = kv[j] * k_inv;
+            qv[j] = qv[j] * q_inv;
             s[j] *= decay;
             predicted += s[j] * kv[j];
         }

@@ -1,16 +1,27 @@
-// Dequantizing matrix-vector product, y[item][row] = W[row] . x[item], for one part of a weight
-// tensor (parts are whole rows, see src/gpu/buffers.rs). Assembled with quant/common.wgsl and one
-// quant/<type>.wgsl that supplies `dequant_chunk`, and one row body, quant/rowdot_*.wgsl.
+// Dequantizing matrix-vector products, y[item][row] = W[row] . x[item], for one part of a weight
+// tensor (parts are whole rows, see src/gpu/buffers.rs). Assembled (src/gpu/shaders.rs) with
+// quant/common.wgsl, one quant/<type>.wgsl and the row body of the type's layout:
+// quant/rows_split.wgsl for the split layouts (src/gpu/layout.rs), quant/rows_block.wgsl for GGUF
+// blocks. A row body supplies `rows_dot(row0, row_step, n_rows, x_base, n_items, lane, sg_size)`:
+// rows row0 + r * row_step (r < ROWS) against up to TILE vectors, reduced over the subgroup, and
+// `get_rows`. Every row's bits depend only on the row, the vector and the device's subgroup size,
+// never on the number of vectors, the tile or the rows computed beside it, so prefill == decode.
 //
-// Reduction order (fixed, and the same for every batch size, so prefill == decode bit for bit):
-// lane l of a subgroup takes the 32-value chunks l, l+S, l+2S, ... of its row in order, sums each
-// chunk sequentially with fma, adds the chunk sums in order, then `subgroupAdd` combines the lanes.
-// Each (row, item) is computed by exactly this code whatever the number of items.
+// A type may keep a codebook in workgroup memory: its `prologue(lid)` fills it, and every entry
+// point calls it first, followed by a barrier (an empty prologue is added for the other types).
+//
+// What this file adds around the row body, each the same arithmetic whatever the batch:
+//   x transforms  (X_MODE) 0: x; 1: silu(x[i]) * x[i + x_half] (SwiGLU of a gate|up vector);
+//                 2: silu(x[i] * x_scale)
+//   entry points  matvec: y rows; matvec_seg: rows split over three outputs (concatenated
+//                 weights); matvec_mix: the hyper-connection mix of the rows (i + s*h) as in
+//                 hc.wgsl's hc_mix_out; matvec_combine: y added into the wide residual as in
+//                 hc.wgsl's hc_combine; matvec_expert: one expert per item (ids from the router).
 
 struct Params {
     rows: u32,          // rows per matrix in this part (per expert in expert mode)
-    k: u32,             // columns (multiple of 32)
-    row_bytes: u32,
+    k: u32,             // columns
+    row_bytes: u32,     // bytes between rows (block bodies in a split layout)
     items: u32,         // x vectors (tokens, or token x slot in expert mode)
     x_stride: u32,      // floats between x vectors
     x_offset: u32,
@@ -20,7 +31,21 @@ struct Params {
     x_per_item: u32,    // expert mode: 1 = x indexed by item, 0 = by token
     expert_first: u32,  // expert mode: first expert stored in this part
     expert_count: u32,  // expert mode: experts stored in this part
-    rows_per_wg: u32,   // rows per workgroup (even; the launcher sizes it to the subgroup count)
+    rows_per_wg: u32,   // row groups per workgroup (ROWS rows each)
+    d_base: u32,        // split layouts: byte offset of the part's scale plane
+    x_mode: u32,
+    x_half: u32,        // x_mode 1: floats from a gate to its up value
+    x_scale: f32,       // x_mode 2
+    row_base: u32,      // global row of this part's row 0 (matvec_seg)
+    seg1: u32,          // matvec_seg: first global row of output 1 (and of output 2)
+    seg2: u32,
+    y1_offset: u32,
+    y1_stride: u32,
+    y2_offset: u32,
+    y2_stride: u32,
+    hc: u32,            // matvec_mix / matvec_combine: streams
+    h: u32,             // matvec_mix / matvec_combine: stream width
+    item0: u32,         // first vector of this dispatch (tiles of ITEMS vectors follow)
 }
 
 var<immediate> p: Params;
@@ -30,87 +55,260 @@ var<immediate> p: Params;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<storage, read> IDS: array<u32>;
+@group(0) @binding(6) var<storage, read_write> Y1: array<f32>;
+@group(0) @binding(7) var<storage, read_write> Y2: array<f32>;
+// matvec_mix: the normed streams the gates multiply; matvec_combine: the injection logits.
+@group(0) @binding(8) var<storage, read> AUX: array<f32>;
 
-// 256 invocations: 8 subgroups on NVIDIA (32 lanes), 4 on AMD (64), 32 on lavapipe (8). A workgroup
-// owns `p.rows_per_wg` rows (2 per subgroup of the adapter's reported size), handed out in pairs
-// grid-stride over its subgroups, so any actual subgroup size still computes every row. Each
-// subgroup computes ROWS_PER_SG rows at once (x read once per chunk for both, two independent
-// dequant chains in flight) instead of walking rows one after the other (that serial latency made
-// small mat-vecs cost tens of microseconds). A row's bits do not depend on the row it is paired with.
-const WG: u32 = 256u;
-const ROWS_PER_SG: u32 = 2u;
-
-// Up to TILE x vectors share each dequantized chunk (prefill reads every weight once per tile, not
-// once per token). Each (row, vector) still gets exactly one sequence whatever the tile or the
-// number of vectors: lane l takes chunks l, l+S, ... in order, sums each chunk sequentially with
-// fma, adds the chunk sums in order, then one subgroupAdd - so its bits do not depend on the tile
-// it lands in, on how many vectors the dispatch has, or on the row it is paired with.
+// Invocations per workgroup (chosen by the launcher; 128 unless tuned).
+override WG: u32 = 128u;
+// Up to TILE x vectors share each dequantized weight (prefill reads every weight once per tile).
 const TILE: u32 = 4u;
+// Rows per subgroup (1..4), chosen per matrix by the launcher.
+override ROWS: u32 = 2u;
+// Vectors per tile in this dispatch (1..TILE): every tile of a dispatch is full, the launcher
+// sends a remainder as a dispatch of its own. A constant, like X_MODE, so the row body has no
+// branches and the compiler can issue all of a task's loads at once.
+override ITEMS: u32 = 1u;
+override X_MODE: u32 = 0u;
+
+fn silu4(v: vec4<f32>) -> vec4<f32> {
+    return v / (vec4<f32>(1.0) + exp(-v));
+}
+
+// x[4i .. 4i+4] after the x transform.
+fn load_x4(i: u32) -> vec4<f32> {
+    switch X_MODE {
+        case 1u: {
+            return silu4(X[i]) * X[i + (p.x_half >> 2u)];
+        }
+        case 2u: {
+            return silu4(X[i] * p.x_scale);
+        }
+        default: {
+            return X[i];
+        }
+    }
+}
+
+// Results of up to 4 rows (r0..r3) for TILE vectors (components). Named fields and select-based
+// access below: a dynamically indexed array would live in slow local memory.
+struct Acc {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+}
+
+fn acc_row(a: Acc, j: u32) -> vec4<f32> {
+    return select(select(a.r0, a.r1, j == 1u), select(a.r2, a.r3, j == 3u), j >= 2u);
+}
+
+fn comp(v: vec4<f32>, i: u32) -> f32 {
+    return select(select(v.x, v.y, i == 1u), select(v.z, v.w, i == 3u), i >= 2u);
+}
 
 // One scalar subgroupAdd per vector actually present (a decode step reduces 1 value per row, not
 // 4); every vector's sum goes through the same scalar reduction whatever the tile holds.
 fn reduce_items(acc: vec4<f32>, n_items: u32) -> vec4<f32> {
     var r = vec4<f32>(0.0);
     r.x = subgroupAdd(acc.x);
-    if (n_items > 1u) {
+    if (ITEMS > 1u) {
         r.y = subgroupAdd(acc.y);
     }
-    if (n_items > 2u) {
+    if (ITEMS > 2u) {
         r.z = subgroupAdd(acc.z);
     }
-    if (n_items > 3u) {
+    if (ITEMS > 3u) {
         r.w = subgroupAdd(acc.w);
     }
     return r;
 }
 
-struct RowPair {
-    a: vec4<f32>,
-    b: vec4<f32>,
+struct Tile {
+    first_item: u32,
+    n_items: u32,
+    x_base: u32,
 }
 
-// `row_pair_dot(row_a, row_b, has_b, x_base, n_items, lane, sg_size) -> RowPair` comes from
-// quant/rowdot_group.wgsl (types with a register `dq8`: lanes along the row) or
-// quant/rowdot_chunk.wgsl (the others: a lane per 32-value chunk), chosen in src/gpu/shaders.rs.
+fn tile_of(wg: vec3<u32>) -> Tile {
+    let first_item = p.item0 + (wg.y + wg.z * 65535u) * ITEMS;
+    var n_items = ITEMS;
+    if (first_item + ITEMS > p.items) {
+        n_items = 0u;
+    }
+    return Tile(first_item, n_items, p.x_offset + first_item * p.x_stride);
+}
 
-fn store_items(row: u32, first_item: u32, n_items: u32, v: vec4<f32>) {
-    let base = first_item * p.y_stride + p.y_offset + row;
-    Y[base] = v.x;
-    if (n_items > 1u) {
-        Y[base + p.y_stride] = v.y;
-    }
-    if (n_items > 2u) {
-        Y[base + 2u * p.y_stride] = v.z;
-    }
-    if (n_items > 3u) {
-        Y[base + 3u * p.y_stride] = v.w;
+fn put(buf: u32, index: u32, v: f32) {
+    switch buf {
+        case 1u: {
+            Y1[index] = v;
+        }
+        case 2u: {
+            Y2[index] = v;
+        }
+        default: {
+            Y[index] = v;
+        }
     }
 }
 
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32,
           @builtin(subgroup_id) sg_id: u32,
           @builtin(num_subgroups) n_sg: u32,
           @builtin(subgroup_invocation_id) lane: u32,
           @builtin(subgroup_size) sg_size: u32) {
-    let first_item = (wg.y + wg.z * 65535u) * TILE;
-    if (first_item >= p.items) {
+    prologue(lid);
+    workgroupBarrier();
+    let tile = tile_of(wg);
+    if (tile.n_items == 0u) {
         return;
     }
-    let n_items = min(TILE, p.items - first_item);
-    let x_base = p.x_offset + first_item * p.x_stride;
-    for (var r = sg_id * ROWS_PER_SG; r < p.rows_per_wg; r += n_sg * ROWS_PER_SG) {
-        let row = wg.x * p.rows_per_wg + r;
-        if (row >= p.rows) {
+    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
+        let row0 = wg.x * p.rows_per_wg * ROWS + r;
+        if (row0 >= p.rows) {
             break;
         }
-        let has_b = ROWS_PER_SG > 1u && row + 1u < p.rows;
-        let v = row_pair_dot(row * p.row_bytes, (row + 1u) * p.row_bytes, has_b, x_base, n_items,
-                             lane, sg_size);
+        let n_rows = min(ROWS, p.rows - row0);
+        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
         if (lane == 0u) {
-            store_items(row, first_item, n_items, v.a);
-            if (has_b) {
-                store_items(row + 1u, first_item, n_items, v.b);
+            for (var j = 0u; j < ROWS; j++) {
+                for (var i = 0u; i < TILE; i++) {
+                    if (j < n_rows && i < ITEMS) {
+                        Y[(tile.first_item + i) * p.y_stride + p.y_offset + row0 + j] = comp(acc_row(acc, j), i);
+                    }
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32,
+              @builtin(subgroup_id) sg_id: u32,
+              @builtin(num_subgroups) n_sg: u32,
+              @builtin(subgroup_invocation_id) lane: u32,
+              @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let tile = tile_of(wg);
+    if (tile.n_items == 0u) {
+        return;
+    }
+    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
+        let row0 = wg.x * p.rows_per_wg * ROWS + r;
+        if (row0 >= p.rows) {
+            break;
+        }
+        let n_rows = min(ROWS, p.rows - row0);
+        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
+        if (lane == 0u) {
+            for (var j = 0u; j < ROWS; j++) {
+                let g = p.row_base + row0 + j;
+                var buf = 0u;
+                var stride = p.y_stride;
+                var at = p.y_offset + g;
+                if (g >= p.seg2) {
+                    buf = 2u;
+                    stride = p.y2_stride;
+                    at = p.y2_offset + g - p.seg2;
+                } else if (g >= p.seg1) {
+                    buf = 1u;
+                    stride = p.y1_stride;
+                    at = p.y1_offset + g - p.seg1;
+                }
+                for (var i = 0u; i < TILE; i++) {
+                    if (j < n_rows && i < ITEMS) {
+                        put(buf, (tile.first_item + i) * stride + at, comp(acc_row(acc, j), i));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn sigmoid(v: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-v));
+}
+
+// Rows i, i + h, ..., i + (hc-1) h are the gates of value i in each stream: lane 0 mixes them
+// with the normed streams (AUX) into Y[item * y_stride + y_offset + i].
+@compute @workgroup_size(WG)
+fn matvec_mix(@builtin(workgroup_id) wg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32,
+              @builtin(subgroup_id) sg_id: u32,
+              @builtin(num_subgroups) n_sg: u32,
+              @builtin(subgroup_invocation_id) lane: u32,
+              @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let tile = tile_of(wg);
+    if (tile.n_items == 0u) {
+        return;
+    }
+    for (var r = sg_id; r < p.rows_per_wg; r += n_sg) {
+        let i = wg.x * p.rows_per_wg + r;
+        if (i >= p.h) {
+            break;
+        }
+        let acc = rows_dot(i, p.h, p.hc, tile.x_base, ITEMS, lane, sg_size);
+        if (lane == 0u) {
+            let wide = p.h * p.hc;
+            for (var t = 0u; t < TILE; t++) {
+                if (t < ITEMS) {
+                    let item = tile.first_item + t;
+                    var mix = 0.0;
+                    for (var s = 0u; s < p.hc; s++) {
+                        mix += sigmoid(comp(acc_row(acc, s), t)) * AUX[item * wide + s * p.h + i];
+                    }
+                    Y[item * p.y_stride + p.y_offset + i] = mix * (1.0 / f32(p.hc));
+                }
+            }
+        }
+    }
+}
+
+// y rows added into the wide residual Y (hc streams of h), stream s scaled by
+// 2 sigmoid(AUX[item * hc + s] / hc).
+@compute @workgroup_size(WG)
+fn matvec_combine(@builtin(workgroup_id) wg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32,
+                  @builtin(subgroup_id) sg_id: u32,
+                  @builtin(num_subgroups) n_sg: u32,
+                  @builtin(subgroup_invocation_id) lane: u32,
+                  @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let tile = tile_of(wg);
+    if (tile.n_items == 0u) {
+        return;
+    }
+    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
+        let row0 = wg.x * p.rows_per_wg * ROWS + r;
+        if (row0 >= p.rows) {
+            break;
+        }
+        let n_rows = min(ROWS, p.rows - row0);
+        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
+        if (lane == 0u) {
+            let wide = p.h * p.hc;
+            for (var t = 0u; t < TILE; t++) {
+                if (t < ITEMS) {
+                    let item = tile.first_item + t;
+                    for (var s = 0u; s < p.hc; s++) {
+                        let alpha = 2.0 * sigmoid(AUX[item * p.hc + s] * (1.0 / f32(p.hc)));
+                        for (var j = 0u; j < ROWS; j++) {
+                            if (j < n_rows) {
+                                let at = item * wide + s * p.h + p.row_base + row0 + j;
+                                Y[at] += alpha * comp(acc_row(acc, j), t);
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -118,10 +316,13 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
 
 @compute @workgroup_size(WG)
 fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32,
                  @builtin(subgroup_id) sg_id: u32,
                  @builtin(num_subgroups) n_sg: u32,
                  @builtin(subgroup_invocation_id) lane: u32,
                  @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
     let item = wg.y + wg.z * 65535u;
     if (item >= p.items) {
         return;
@@ -136,50 +337,19 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
     }
     let x_base = p.x_offset + x_index * p.x_stride;
     let first_row = (expert - p.expert_first) * p.rows;
-    for (var r = sg_id * ROWS_PER_SG; r < p.rows_per_wg; r += n_sg * ROWS_PER_SG) {
-        let row = wg.x * p.rows_per_wg + r;
+    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
+        let row = wg.x * p.rows_per_wg * ROWS + r;
         if (row >= p.rows) {
             break;
         }
-        let has_b = ROWS_PER_SG > 1u && row + 1u < p.rows;
-        let v = row_pair_dot((first_row + row) * p.row_bytes, (first_row + row + 1u) * p.row_bytes,
-                             has_b, x_base, 1u, lane, sg_size);
+        let n_rows = min(ROWS, p.rows - row);
+        let acc = rows_dot(first_row + row, 1u, n_rows, x_base, 1u, lane, sg_size);
         if (lane == 0u) {
-            Y[item * p.y_stride + p.y_offset + row] = v.a.x;
-            if (has_b) {
-                Y[item * p.y_stride + p.y_offset + row + 1u] = v.b.x;
+            for (var j = 0u; j < ROWS; j++) {
+                if (j < n_rows) {
+                    Y[item * p.y_stride + p.y_offset + row + j] = acc_row(acc, j).x;
+                }
             }
-        }
-    }
-}
-
-// Row gather with dequantization (embedding lookup, and the dequant test): for item i, row IDS[i]
-// (global row id; rows outside this part are skipped) is written `reps` times, `rep_stride` apart.
-// Reuses the Params fields: rows = rows in this part, y_offset = first global row of this part,
-// x_stride = reps, x_offset = rep_stride.
-const GET_ROWS_WG: u32 = 64u;
-
-@compute @workgroup_size(GET_ROWS_WG)
-fn get_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let item = wg.y + wg.z * 65535u;
-    if (item >= p.items) {
-        return;
-    }
-    let global_row = IDS[item];
-    if (global_row < p.y_offset || global_row >= p.y_offset + p.rows) {
-        return;
-    }
-    let row_byte = (global_row - p.y_offset) * p.row_bytes;
-    let chunks_per_block = QK / 32u;
-    let c = wg.x * GET_ROWS_WG + lid.x;
-    if (c >= p.k / 32u) {
-        return;
-    }
-    dequant_chunk(row_byte + (c / chunks_per_block) * BLOCK_BYTES, c % chunks_per_block);
-    for (var rep = 0u; rep < p.x_stride; rep++) {
-        let base = item * p.y_stride + rep * p.x_offset + c * 32u;
-        for (var j = 0u; j < 32u; j++) {
-            Y[base + j] = wq[j];
         }
     }
 }

@@ -4,6 +4,8 @@
 //               token, fixed reduction trees, so the result has one fixed order.
 //   moe_combine: Y[t, i] = sum_slot W[t,slot] * D[t*k+slot, i]  (slots in order)
 //                          + sigmoid(SG[t]) * SH[t, i]          (shared expert, when present)
+//   moe_combine_hc: the same sum added into the wide residual as hc.wgsl's hc_combine does:
+//                   Y[t, s*h+i] += 2 sigmoid(INJ[t*hc+s] / hc) * sum, streams in order
 
 struct Params {
     tokens: u32,
@@ -11,6 +13,7 @@ struct Params {
     k: u32,
     h: u32,
     has_shared: u32,
+    hc: u32,            // moe_combine_hc: residual streams
 }
 
 var<immediate> p: Params;
@@ -153,13 +156,9 @@ fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
 @group(0) @binding(6) var<storage, read> SG: array<f32>;  // [T] shared gate logit
 @group(0) @binding(7) var<storage, read_write> Y: array<f32>;
 
-@compute @workgroup_size(64)
-fn moe_combine(@builtin(global_invocation_id) id: vec3<u32>) {
-    let i = id.x;
-    let t = id.y;
-    if (i >= p.h || t >= p.tokens) {
-        return;
-    }
+@group(0) @binding(8) var<storage, read> INJ: array<f32>; // [T, hc] injection logits
+
+fn combined(t: u32, i: u32) -> f32 {
     var acc = 0.0;
     for (var slot = 0u; slot < p.k; slot++) {
         let item = t * p.k + slot;
@@ -168,5 +167,30 @@ fn moe_combine(@builtin(global_invocation_id) id: vec3<u32>) {
     if (p.has_shared != 0u) {
         acc += (1.0 / (1.0 + exp(-SG[t]))) * SH[t * p.h + i];
     }
-    Y[t * p.h + i] = acc;
+    return acc;
+}
+
+@compute @workgroup_size(64)
+fn moe_combine_hc(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    let t = id.y;
+    if (i >= p.h || t >= p.tokens) {
+        return;
+    }
+    let y = combined(t, i);
+    let wide = p.h * p.hc;
+    for (var s = 0u; s < p.hc; s++) {
+        let alpha = 2.0 * (1.0 / (1.0 + exp(-(INJ[t * p.hc + s] * (1.0 / f32(p.hc))))));
+        Y[t * wide + s * p.h + i] += alpha * y;
+    }
+}
+
+@compute @workgroup_size(64)
+fn moe_combine(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    let t = id.y;
+    if (i >= p.h || t >= p.tokens) {
+        return;
+    }
+    Y[t * p.h + i] = combined(t, i);
 }

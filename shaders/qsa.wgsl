@@ -3,8 +3,8 @@
 //               (cos, sin per position and pair; GPU sin/cos of large angles is not accurate).
 //   qsa_select: per query token: score the complete blocks, keep the top `budget` (lowest block id
 //               wins ties), written ascending; with nb <= budget every block is kept.
-//   qsa_attend: per (head, token): softmax over the allowed keys in ascending position order,
-//               then the weighted value sum in that order, times the sigmoid output gate.
+//   qsa_attend: per (head, key chunk, token): partial softmax over one chunk of allowed keys;
+//   qsa_merge:  per (head, token): the chunks merged in order, times the sigmoid output gate.
 
 struct Params {
     tokens: u32,
@@ -121,14 +121,21 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
 @group(0) @binding(8) var<storage, read> VC: array<f32>;  // [ctx, n_kv * hd]
 @group(0) @binding(9) var<storage, read> SELR: array<u32>;
 @group(0) @binding(10) var<storage, read_write> OUT: array<f32>; // [T, heads * hd]
+// Per (token, head, key chunk): max, sum of exps, then hd weighted value sums (see qsa_attend).
+@group(0) @binding(11) var<storage, read_write> PART: array<f32>;
 
-const MAX_KEYS: u32 = 2560u;
-var<workgroup> wts: array<f32, MAX_KEYS>;
-var<workgroup> red: array<f32, WG>;
-// Attention runs 256 invocations per (head, token): each key's dot product, the key-order exp sum
-// and each output dimension's key-order sum are still computed by one invocation in a fixed order,
-// so the width changes speed only, never bits (the max reduction is exact in any order).
+// Attention is split over chunks of ATT_CHUNK allowed keys (chunk c holds keys
+// c*ATT_CHUNK .. in ascending position order), one workgroup each, then merged in chunk order.
+// Chunks depend only on the key index, never on how many queries a dispatch holds, so prefill and
+// decode compute every query with the same arithmetic:
+//   part:  s_j = (q . k_j) * scale (sequential fma over dims); m = max s_j (exact in any order);
+//          e_j = exp(s_j - m); l = fixed-shape tree sum of e_j; acc_i = sum_j e_j v_j,i in key order
+//   merge: M = max m_c; L = sum_c l_c exp(m_c - M) in chunk order;
+//          out_i = (sum_c acc_c,i exp(m_c - M)) / L * sigmoid(gate_i), in chunk order
+const ATT_CHUNK: u32 = 256u;
 const ATT_WG: u32 = 256u;
+var<workgroup> wts: array<f32, ATT_CHUNK>;
+var<workgroup> kpos: array<u32, ATT_CHUNK>;
 var<workgroup> att_red: array<f32, ATT_WG>;
 
 fn key_position(t: u32, j: u32, pos: u32) -> u32 {
@@ -144,60 +151,116 @@ fn key_position(t: u32, j: u32, pos: u32) -> u32 {
     return nb * p.ratio + (j - count * p.ratio);
 }
 
-@compute @workgroup_size(ATT_WG)
-fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let h = wg.x;
-    let t = wg.y;
-    let pos = p.pos0 + t;
-    var n_keys = pos + 1u;
-    if (p.dense == 0u) {
-        let nb = (pos + 1u) / p.ratio;
-        n_keys = SELR[t * (p.budget + 1u)] * p.ratio + (pos + 1u - nb * p.ratio);
+fn allowed_keys(t: u32, pos: u32) -> u32 {
+    if (p.dense != 0u) {
+        return pos + 1u;
     }
-    n_keys = min(n_keys, MAX_KEYS);
-    let kvh = h / (p.heads / p.n_kv);
-    let kv_width = p.n_kv * p.hd;
-    let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
-    var local_max = -3.0e38;
-    for (var j = lid.x; j < n_keys; j += ATT_WG) {
-        let kp = key_position(t, j, pos);
-        var d = 0.0;
-        for (var i = 0u; i < p.hd; i++) {
-            d += Q[q0 + i] * KC[kp * kv_width + kvh * p.hd + i];
-        }
-        let s = d * p.scale;
-        wts[j] = s;
-        local_max = max(local_max, s);
-    }
-    att_red[lid.x] = local_max;
+    let nb = (pos + 1u) / p.ratio;
+    return SELR[t * (p.budget + 1u)] * p.ratio + (pos + 1u - nb * p.ratio);
+}
+
+// Tree reduction of att_red over ATT_WG (a fixed shape: the same bits every time).
+fn tree_max(v: f32, lid: u32) -> f32 {
+    att_red[lid] = v;
     workgroupBarrier();
     for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
-        if (lid.x < st) {
-            att_red[lid.x] = max(att_red[lid.x], att_red[lid.x + st]);
+        if (lid < st) {
+            att_red[lid] = max(att_red[lid], att_red[lid + st]);
         }
         workgroupBarrier();
     }
-    let mx = att_red[0];
+    let r = att_red[0];
     workgroupBarrier();
-    // The exp sum runs in key order on one invocation: a fixed order, like the CPU softmax.
-    if (lid.x == 0u) {
-        var sum = 0.0;
-        for (var j = 0u; j < n_keys; j++) {
-            let e = exp(wts[j] - mx);
-            wts[j] = e;
-            sum += e;
+    return r;
+}
+
+fn tree_sum(v: f32, lid: u32) -> f32 {
+    att_red[lid] = v;
+    workgroupBarrier();
+    for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
+        if (lid < st) {
+            att_red[lid] = att_red[lid] + att_red[lid + st];
         }
-        att_red[0] = 1.0 / sum;
+        workgroupBarrier();
     }
+    let r = att_red[0];
     workgroupBarrier();
-    let inv = att_red[0];
+    return r;
+}
+
+// Grid (heads, chunks, tokens). p.max_blocks = chunks per (token, head) in PART.
+@compute @workgroup_size(ATT_WG)
+fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let h = wg.x;
+    let c = wg.y;
+    let t = wg.z;
+    let pos = p.pos0 + t;
+    let n_keys = allowed_keys(t, pos);
+    let j0 = c * ATT_CHUNK;
+    if (j0 >= n_keys) {
+        return;
+    }
+    let nk = min(ATT_CHUNK, n_keys - j0);
+    let kvh = h / (p.heads / p.n_kv);
+    let kv_width = p.n_kv * p.hd;
+    let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
+    var s = -3.0e38;
+    if (lid.x < nk) {
+        let kp = key_position(t, j0 + lid.x, pos);
+        kpos[lid.x] = kp;
+        let k0 = kp * kv_width + kvh * p.hd;
+        var d = 0.0;
+        for (var i = 0u; i < p.hd; i++) {
+            d = fma(Q[q0 + i], KC[k0 + i], d);
+        }
+        s = d * p.scale;
+    }
+    let m = tree_max(s, lid.x);
+    var e = 0.0;
+    if (lid.x < nk) {
+        e = exp(s - m);
+        wts[lid.x] = e;
+    }
+    let l = tree_sum(e, lid.x);
+    let out = ((t * p.heads + h) * p.max_blocks + c) * (p.hd + 2u);
+    if (lid.x == 0u) {
+        PART[out] = m;
+        PART[out + 1u] = l;
+    }
     for (var i = lid.x; i < p.hd; i += ATT_WG) {
         var acc = 0.0;
-        for (var j = 0u; j < n_keys; j++) {
-            let kp = key_position(t, j, pos);
-            acc += (wts[j] * inv) * VC[kp * kv_width + kvh * p.hd + i];
+        for (var j = 0u; j < nk; j++) {
+            acc = fma(wts[j], VC[kpos[j] * kv_width + kvh * p.hd + i], acc);
+        }
+        PART[out + 2u + i] = acc;
+    }
+}
+
+// Grid (heads, tokens): merge the chunks of qsa_attend in chunk order, apply the output gate.
+@compute @workgroup_size(ATT_WG)
+fn qsa_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let h = wg.x;
+    let t = wg.y;
+    let pos = p.pos0 + t;
+    let chunks = (allowed_keys(t, pos) + ATT_CHUNK - 1u) / ATT_CHUNK;
+    let base = (t * p.heads + h) * p.max_blocks * (p.hd + 2u);
+    var mx = -3.0e38;
+    for (var c = 0u; c < chunks; c++) {
+        mx = max(mx, PART[base + c * (p.hd + 2u)]);
+    }
+    var total = 0.0;
+    for (var c = 0u; c < chunks; c++) {
+        let o = base + c * (p.hd + 2u);
+        total = fma(PART[o + 1u], exp(PART[o] - mx), total);
+    }
+    let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
+    for (var i = lid.x; i < p.hd; i += ATT_WG) {
+        var acc = 0.0;
+        for (var c = 0u; c < chunks; c++) {
+            let o = base + c * (p.hd + 2u);
+            acc = fma(PART[o + 2u + i], exp(PART[o] - mx), acc);
         }
         let gate = 1.0 / (1.0 + exp(-Q[q0 + p.hd + i]));
-        OUT[t * p.heads * p.hd + h * p.hd + i] = acc * gate;
+        OUT[t * p.heads * p.hd + h * p.hd + i] = acc / total * gate;
     }
 }

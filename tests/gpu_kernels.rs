@@ -301,8 +301,8 @@ fn all_op_shaders_build() {
         ("hc", &["hc_mix_out", "hc_combine"]),
         ("gdn", &["gdn_conv", "gdn_recurrence"]),
         ("ple", &["ple_gate", "ple_conv"]),
-        ("qsa", &["rope", "qsa_select", "qsa_attend"]),
-        ("moe", &["moe_router", "moe_combine"]),
+        ("qsa", &["rope", "qsa_select", "qsa_attend", "qsa_merge"]),
+        ("moe", &["moe_router", "moe_combine", "moe_combine_hc"]),
     ];
     let mut failures = Vec::new();
     for (shader, names) in entries {
@@ -673,7 +673,6 @@ fn gdn_matches_cpu_and_is_chunk_invariant() {
         let gp = upload(&ctx, &gate_params);
         let state = GpuBuf::zeros(&ctx, "state", nv * dk * dv).expect("state");
         let out = GpuBuf::zeros(&ctx, "out", tokens * nv * dv).expect("out");
-        let dummy = GpuBuf::zeros(&ctx, "dummy", 4).expect("dummy");
         let steps: Vec<(usize, usize)> = if split {
             (0..tokens).map(|t| (t, 1)).collect()
         } else {
@@ -687,31 +686,7 @@ fn gdn_matches_cpu_and_is_chunk_invariant() {
             let o = GpuBuf::zeros(&ctx, "o", n * nv * dv).expect("o");
             let mut rec = Recorder::new();
             gops::gdn_conv(&ctx, &mut rec, &shape, &m, &cw, &hist, &c, n).expect("conv");
-            let l2 = |scale| NormSpec {
-                mode: NormMode::L2,
-                eps: 1e-6,
-                scale,
-                weight: None,
-            };
-            let heads = |off| Groups {
-                n: dk,
-                groups: shape.n_k_heads,
-                off,
-                group_stride: dk,
-                token_stride: channels,
-            };
-            gops::rmsnorm_inplace(
-                &ctx,
-                &mut rec,
-                &l2(1.0 / (dk as f32).sqrt()),
-                &c,
-                heads(0),
-                n,
-                &dummy,
-            )
-            .expect("q");
-            gops::rmsnorm_inplace(&ctx, &mut rec, &l2(1.0), &c, heads(key_dim), n, &dummy)
-                .expect("k");
+            // The recurrence L2-normalises q (and scales it by 1/sqrt(dk)) and k itself.
             gops::gdn_recurrence(&ctx, &mut rec, &shape, &c, &b, &gp, &state, &o, n).expect("rec");
             rec.run(&ctx).expect("run");
             let got = download(&ctx, &o, n * nv * dv);
@@ -846,7 +821,9 @@ fn qsa_select_and_attend_match_cpu() {
     };
     let mut rec = Recorder::new();
     gops::qsa_select(&ctx, &mut rec, &select, &iqb, &bkb, &scratch, &sel).expect("select");
-    gops::qsa_attend(&ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &out).expect("attend");
+    let parts =
+        GpuBuf::zeros(&ctx, "parts", gops::qsa_partials_len(tokens, heads, hd)).expect("parts");
+    gops::qsa_attend(&ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &parts, &out).expect("attend");
     rec.run(&ctx).expect("run");
     let got_sel = sel.read_u32(&ctx, 0, tokens * (budget + 1)).expect("sel");
     let got = download(&ctx, &out, tokens * heads * hd);
@@ -899,6 +876,69 @@ fn qsa_select_and_attend_match_cpu() {
         }
     }
     close(&got, &want, 1e-5, "qsa attention over the selection");
+}
+
+/// Dense attention over more keys than one chunk (three chunks, the last partial; a head width
+/// that is not a multiple of 4), against a plain softmax (1e-5).
+#[test]
+fn attention_over_several_chunks_matches_cpu() {
+    let Some(ctx) = context() else { return };
+    let (heads, n_kv, hd) = (4usize, 2usize, 36usize);
+    let (tokens, pos0) = (3usize, 600usize);
+    let positions = pos0 + tokens;
+    let keys = random_vec(positions * n_kv * hd, 71);
+    let values = random_vec(positions * n_kv * hd, 72);
+    let queries: Vec<f32> = random_vec(tokens * heads * 2 * hd, 73)
+        .iter()
+        .map(|v| v * 4.0)
+        .collect();
+    let (qb, kb, vb) = (
+        upload(&ctx, &queries),
+        upload(&ctx, &keys),
+        upload(&ctx, &values),
+    );
+    let sel = GpuBuf::zeros(&ctx, "sel", 1).expect("sel");
+    let parts =
+        GpuBuf::zeros(&ctx, "parts", gops::qsa_partials_len(tokens, heads, hd)).expect("parts");
+    let out = GpuBuf::zeros(&ctx, "out", tokens * heads * hd).expect("out");
+    let attend = QsaParams {
+        tokens: tokens as u32,
+        pos0: pos0 as u32,
+        heads: heads as u32,
+        n_kv: n_kv as u32,
+        hd: hd as u32,
+        ratio: 1,
+        dense: 1,
+        scale: 1.0 / (hd as f32).sqrt(),
+        ..Default::default()
+    };
+    let mut rec = Recorder::new();
+    gops::qsa_attend(&ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &parts, &out).expect("attend");
+    rec.run(&ctx).expect("run");
+    let got = download(&ctx, &out, tokens * heads * hd);
+    let mut want = Vec::new();
+    for t in 0..tokens {
+        for h in 0..heads {
+            let kvh = h / (heads / n_kv);
+            let q = &queries[(t * heads + h) * 2 * hd..(t * heads + h) * 2 * hd + hd];
+            let gate = &queries[(t * heads + h) * 2 * hd + hd..(t * heads + h + 1) * 2 * hd];
+            let mut w: Vec<f32> = (0..=pos0 + t)
+                .map(|j| {
+                    cpu::dot(q, &keys[(j * n_kv + kvh) * hd..(j * n_kv + kvh + 1) * hd])
+                        / (hd as f32).sqrt()
+                })
+                .collect();
+            cpu::softmax(&mut w);
+            for d in 0..hd {
+                let mut acc = 0f32;
+                for (j, wt) in w.iter().enumerate() {
+                    acc += wt * values[(j * n_kv + kvh) * hd + d];
+                }
+                want.push(acc * cpu::sigmoid(gate[d]));
+            }
+        }
+    }
+    close(&got, &want, 1e-5, "attention over several chunks");
 }
 
 /// Hyper-connection mixing and combination against the formulas of `model::hyper_connection`

@@ -1,48 +1,52 @@
-// block_iq3_s: f16 d; u8 qs[64]; u8 qh[8] (9th index bits); u8 signs[32]; u8 scales[4] (4-bit, odd scale 1+2s)
+// block_iq3_s: f16 d; u8 qs[64]; u8 qh[8] (9th index bits); u8 signs[32]; u8 scales[4] (4-bit,
+// odd scale 1+2s). Split layout (src/gpu/layout.rs): the 108-byte body (qs @0, qh @64, signs @72,
+// scales @104) on 4-byte boundaries, d in the scale plane. One task per 32-value chunk `sub`
+// (values 32sub .. 32sub+32): 8 grid entries of 4 values, index bits from qs and qh, one sign bit
+// per value, one scale for the chunk.
 const QK: u32 = 256u;
-const BLOCK_BYTES: u32 = 110u;
+const BODY_BYTES: u32 = 108u;
+const TASKS_PER_BLOCK: u32 = 8u;
 
-fn dequant_chunk(block: u32, sub: u32) {
-    let d = w_f16(block);
-    let db = d * f32(1u + 2u * ((w_u8(block + 106u + sub / 2u) >> (4u * (sub % 2u))) & 0xfu));
-    let qh = w_u8(block + 66u + sub);
-    let qs = w_load16(block + 2u + 8u * sub); // bytes 0..7 are this chunk's indices
-    let sign_word = w_u32(block + 74u + 4u * sub);
-    for (var l = 0u; l < 4u; l++) {
-        let e1 = byte_of(qs, 2u * l) | ((qh << (8u - 2u * l)) & 256u);
-        let e2 = byte_of(qs, 2u * l + 1u) | ((qh << (7u - 2u * l)) & 256u);
-        let signs = (sign_word >> (8u * l)) & 0xffu;
-        for (var j = 0u; j < 4u; j++) {
-            wq[8u * l + j] = signed(db * f32(grid4(e1, j)), signs, j);
-            wq[8u * l + j + 4u] = signed(db * f32(grid4(e2, j)), signs, j + 4u);
+// The 512-entry grid in workgroup memory (filled by the prologue).
+var<workgroup> GRIDS: array<u32, 512>;
+
+fn prologue(lid: u32) {
+    if (lid < 64u) {
+        for (var i = lid; i < 512u; i += 64u) {
+            GRIDS[i] = GRID[i];
         }
     }
 }
 
-// Register dequantizer for quant/rowdot_chunk.wgsl (same values as `dequant_chunk`).
-// Grid entry `entry` scaled by `db`, with
-// sign bits 0..3 of `signs4` negating values 0..3.
-fn iq3s_x4(entry: u32, signs4: u32, db: f32) -> vec4<f32> {
-    let values = db * vec4<f32>(bytes4(GRID[entry]));
-    let negate = ((vec4<u32>(signs4) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) != vec4<u32>(0u);
-    return select(values, -values, negate);
+fn task_x(t: u32) -> vec2<u32> {
+    return vec2<u32>(32u * t, 32u * t + 16u);
 }
 
-fn dq_chunk(block: u32, sub: u32) -> Chunk {
-    let d = w_f16(block);
-    let db = d * f32(1u + 2u * ((w_u8(block + 106u + sub / 2u) >> (4u * (sub % 2u))) & 0xfu));
-    let qh = w_u8(block + 66u + sub);
-    let q_lo = w_u32(block + 2u + 8u * sub); // indices of value groups 0..3
-    let q_hi = w_u32(block + 6u + 8u * sub); // indices of value groups 4..7
-    let s = w_u32(block + 74u + 4u * sub); // 8 sign bits per 8 values
+// Grid entry `entry` (4 unsigned bytes) with sign bits 0..3 of `signs4` negating its values.
+fn iq3s_codes(entry: u32, signs4: u32) -> vec4<f32> {
+    let v = bytes_f32(GRIDS[entry], 0.0);
+    let neg = ((vec4<u32>(signs4) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(31u);
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ neg);
+}
+
+fn task_w(body: u32, d_row: u32, t: u32) -> Task {
+    let sub = t % 8u;
+    let blk = (body + (t / 8u) * BODY_BYTES) >> 2u;
+    let q_lo = W[blk + 2u * sub];
+    let q_hi = W[blk + 2u * sub + 1u];
+    let qh = (W[blk + 16u + sub / 4u] >> (8u * (sub % 4u))) & 0xffu;
+    let s = W[blk + 18u + sub];
+    let scale_nibble = (W[blk + 26u] >> (8u * (sub / 2u) + 4u * (sub % 2u))) & 0xfu;
+    let db = d_f16(d_row + 2u * (t / 8u)) * f32(1u + 2u * scale_nibble);
     let ql = bytes4(q_lo);
     let qhb = bytes4(q_hi);
-    return Chunk(iq3s_x4(ql.x | ((qh << 8u) & 256u), s, db),
-                 iq3s_x4(ql.y | ((qh << 7u) & 256u), s >> 4u, db),
-                 iq3s_x4(ql.z | ((qh << 6u) & 256u), s >> 8u, db),
-                 iq3s_x4(ql.w | ((qh << 5u) & 256u), s >> 12u, db),
-                 iq3s_x4(qhb.x | ((qh << 4u) & 256u), s >> 16u, db),
-                 iq3s_x4(qhb.y | ((qh << 3u) & 256u), s >> 20u, db),
-                 iq3s_x4(qhb.z | ((qh << 2u) & 256u), s >> 24u, db),
-                 iq3s_x4(qhb.w | ((qh << 1u) & 256u), s >> 28u, db));
+    return Task(iq3s_codes(ql.x | ((qh << 8u) & 256u), s),
+                iq3s_codes(ql.y | ((qh << 7u) & 256u), s >> 4u),
+                iq3s_codes(ql.z | ((qh << 6u) & 256u), s >> 8u),
+                iq3s_codes(ql.w | ((qh << 5u) & 256u), s >> 12u),
+                iq3s_codes(qhb.x | ((qh << 4u) & 256u), s >> 16u),
+                iq3s_codes(qhb.y | ((qh << 3u) & 256u), s >> 20u),
+                iq3s_codes(qhb.z | ((qh << 2u) & 256u), s >> 24u),
+                iq3s_codes(qhb.w | ((qh << 1u) & 256u), s >> 28u),
+                db, db);
 }

@@ -1,6 +1,9 @@
-// block_iq4_nl: f16 d; u8 qs[16]; nibbles index a fixed non-linear codebook
+// block_iq4_nl: f16 d; u8 qs[16]; nibbles index a fixed non-linear codebook. Split layout
+// (src/gpu/layout.rs): the 16 code bytes on 16-byte boundaries, d in the scale plane. One task per
+// block: values 0..15 are the low nibbles of bytes 0..15, values 16..31 the high nibbles.
 const QK: u32 = 32u;
-const BLOCK_BYTES: u32 = 18u;
+const BODY_BYTES: u32 = 16u;
+const TASKS_PER_BLOCK: u32 = 1u;
 
 // The codebook as packed signed bytes: a vector lookup instead of a const-array index, which
 // some drivers turn into a per-invocation copy of the whole array.
@@ -11,27 +14,31 @@ fn iq4_value(q: u32) -> f32 {
     return f32(bitcast<i32>(byte << 24u) >> 24u);
 }
 
-fn dequant_chunk(block: u32, sub: u32) {
-    let d = w_f16(block);
-    let qs = w_load16(block + 2u);
-    for (var j = 0u; j < 16u; j++) {
-        let q = byte_of(qs, j);
-        wq[j] = d * iq4_value(q & 0xfu);
-        wq[j + 16u] = d * iq4_value(q >> 4u);
+// The codebook as f32 in workgroup memory (filled by the prologue): a lookup per value without
+// a dynamically indexed vector, which drivers turn into local-memory traffic.
+var<workgroup> IQ4T: array<f32, 16>;
+
+fn prologue(lid: u32) {
+    if (lid < 16u) {
+        IQ4T[lid] = iq4_value(lid);
     }
 }
 
-// Register dequantizer for `dq8` (same values as `dequant_chunk`).
-// nibble `shift` of each byte of `w`.
-fn iq4x4(w: u32, shift: u32) -> vec4<f32> {
-    let q = (bytes4(w) >> vec4<u32>(shift)) & vec4<u32>(0xfu);
-    return vec4<f32>(iq4_value(q.x), iq4_value(q.y), iq4_value(q.z), iq4_value(q.w));
+fn task_x(t: u32) -> vec2<u32> {
+    return vec2<u32>(32u * t, 32u * t + 16u);
 }
 
-// Group g: low nibbles (g < 2) or high nibbles (g >= 2) of bytes 8*(g%2) .. 8*(g%2)+8.
-fn dq8(block: u32, group: u32) -> Group8 {
-    let d = w_f16(block);
-    let q = block + 2u + 8u * (group & 1u);
-    let shift = 4u * (group >> 1u);
-    return Group8(d * iq4x4(w_u32(q), shift), d * iq4x4(w_u32(q + 4u), shift));
+// Codebook values of the nibbles at `shift` of the 4 bytes of `w`.
+fn iq4_codes(w: u32, shift: u32) -> vec4<f32> {
+    let q = (w >> shift) & 0x0f0f0f0fu;
+    return vec4<f32>(IQ4T[q & 0xffu], IQ4T[(q >> 8u) & 0xffu], IQ4T[(q >> 16u) & 0xffu],
+                     IQ4T[q >> 24u]);
+}
+
+fn task_w(body: u32, d_row: u32, t: u32) -> Task {
+    let q = W4[(body + t * BODY_BYTES) >> 4u];
+    let d = d_f16(d_row + 2u * t);
+    return Task(iq4_codes(q.x, 0u), iq4_codes(q.y, 0u), iq4_codes(q.z, 0u), iq4_codes(q.w, 0u),
+                iq4_codes(q.x, 4u), iq4_codes(q.y, 4u), iq4_codes(q.z, 4u), iq4_codes(q.w, 4u),
+                d, d);
 }

@@ -1,49 +1,43 @@
-// block_q6_K: u8 ql[128] (low 4 bits); u8 qh[64] (high 2 bits); i8 scales[16]; f16 d; offset -32
+// block_q6_K: u8 ql[128] (low 4 bits); u8 qh[64] (high 2 bits); i8 scales[16]; f16 d; offset -32.
+// Split layout (src/gpu/layout.rs): the 208-byte body (ql, qh, scales) on 16-byte boundaries, d in
+// the scale plane. Value v of a block: half h = v / 128, quadrant k = (v % 128) / 32, l = v % 32;
+// its low bits are nibble k / 2 of ql[64h + 32(k % 2) + l], its high bits are bits 2k of
+// qh[32h + l], its scale scales[v / 16].
 const QK: u32 = 256u;
-const BLOCK_BYTES: u32 = 210u;
+const BODY_BYTES: u32 = 208u;
+// Task t of a block: half h, 16 values from l0, quadrants kp and kp + 2 (which share ql bytes).
+const TASKS_PER_BLOCK: u32 = 8u;
 
-fn dequant_chunk(block: u32, sub: u32) {
-    let d = w_f16(block + 208u);
-    let half = sub / 4u;
-    let k = sub % 4u;
-    let ql = block + 64u * half + 32u * (k & 1u);
-    let qh = block + 128u + 32u * half;
-    let nibble_shift = 4u * (k / 2u);
-    let l0 = w_load16(ql);
-    let l1 = w_load16(ql + 16u);
-    let h0 = w_load16(qh);
-    let h1 = w_load16(qh + 16u);
-    let sc0 = f32(w_i8(block + 192u + 8u * half + 2u * k));
-    let sc1 = f32(w_i8(block + 193u + 8u * half + 2u * k));
-    for (var l = 0u; l < 16u; l++) {
-        let a = ((byte_of(l0, l) >> nibble_shift) & 0xfu) | (((byte_of(h0, l) >> (2u * k)) & 3u) << 4u);
-        let b = ((byte_of(l1, l) >> nibble_shift) & 0xfu) | (((byte_of(h1, l) >> (2u * k)) & 3u) << 4u);
-        wq[l] = d * sc0 * f32(i32(a) - 32);
-        wq[l + 16u] = d * sc1 * f32(i32(b) - 32);
-    }
+fn task_x(t: u32) -> vec2<u32> {
+    let j = t % 8u;
+    let first = (t / 8u) * 256u + 128u * (j / 4u) + 16u * ((j / 2u) % 2u) + 32u * (j % 2u);
+    return vec2<u32>(first, first + 64u);
 }
 
-// Register dequantizer for `dq8` (same values as `dequant_chunk`).
-// 4 values from a word of low nibbles and
-// the matching word of high bit pairs, offset -32, times the sub-block scale.
-fn q6x4(lw: u32, hw: u32, nibble_shift: u32, pair_shift: u32, scale: f32) -> vec4<f32> {
-    let low = (bytes4(lw) >> vec4<u32>(nibble_shift)) & vec4<u32>(0xfu);
-    let high = ((bytes4(hw) >> vec4<u32>(pair_shift)) & vec4<u32>(3u)) << vec4<u32>(4u);
-    return scale * vec4<f32>(vec4<i32>(low | high) - vec4<i32>(32));
+// 4 six-bit codes from a word of ql nibbles and a word of qh bit pairs, as f32 minus 32.
+fn q6_codes(lw: u32, hw: u32, nibble_shift: u32, pair_shift: u32) -> vec4<f32> {
+    let q = ((lw >> nibble_shift) & 0x0f0f0f0fu) | (((hw >> pair_shift) & 0x03030303u) << 4u);
+    return bytes_f32(q, 32.0);
 }
 
-// Value v of a chunk comes from byte v of its low-nibble run and byte v of its high-bit run.
-fn dq8(block: u32, group: u32) -> Group8 {
-    let sub = group / 4u;
-    let part = group % 4u;
-    let half = sub / 4u;
-    let k = sub % 4u;
-    let d = w_f16(block + 208u);
-    let ql = block + 64u * half + 32u * (k & 1u) + 8u * part;
-    let qh = block + 128u + 32u * half + 8u * part;
-    let ns = 4u * (k / 2u);
-    let ps = 2u * k;
-    let scale = d * f32(w_i8(block + 192u + 8u * half + 2u * k + part / 2u));
-    return Group8(q6x4(w_u32(ql), w_u32(qh), ns, ps, scale),
-                  q6x4(w_u32(ql + 4u), w_u32(qh + 4u), ns, ps, scale));
+fn task_w(body: u32, d_row: u32, t: u32) -> Task {
+    let j = t % 8u;
+    let h = j / 4u;
+    let l0 = 16u * ((j / 2u) % 2u);
+    let kp = j % 2u;
+    let blk = body + (t / 8u) * BODY_BYTES;
+    let ql = W4[(blk + 64u * h + 32u * kp + l0) >> 4u];
+    let qh = W4[(blk + 128u + 32u * h + l0) >> 4u];
+    let d = d_f16(d_row + 2u * (t / 8u));
+    // The two segments' scales, each read as a byte of its word (no dynamically indexed vector).
+    let ia = 8u * h + 2u * kp + l0 / 16u;
+    let sa = d * f32(w_i8(blk + 192u + ia));
+    let sb = d * f32(w_i8(blk + 196u + ia));
+    let pa = 2u * kp;
+    let pb = 2u * kp + 4u;
+    return Task(q6_codes(ql.x, qh.x, 0u, pa), q6_codes(ql.y, qh.y, 0u, pa),
+                q6_codes(ql.z, qh.z, 0u, pa), q6_codes(ql.w, qh.w, 0u, pa),
+                q6_codes(ql.x, qh.x, 4u, pb), q6_codes(ql.y, qh.y, 4u, pb),
+                q6_codes(ql.z, qh.z, 4u, pb), q6_codes(ql.w, qh.w, 4u, pb),
+                sa, sb);
 }

@@ -1,20 +1,23 @@
-// block_q8_0: f16 d; i8 qs[32]
+// block_q8_0: f16 d; i8 qs[32]. Split layout (src/gpu/layout.rs): the 32 code bytes on 16-byte
+// boundaries, d in the scale plane. One task per block: values 0..15 and 16..31.
 const QK: u32 = 32u;
-const BLOCK_BYTES: u32 = 34u;
+const BODY_BYTES: u32 = 32u;
+const TASKS_PER_BLOCK: u32 = 1u;
 
-fn dequant_chunk(block: u32, sub: u32) {
-    let d = w_f16(block);
-    let lo = w_load16(block + 2u);
-    let hi = w_load16(block + 18u);
-    for (var j = 0u; j < 16u; j++) {
-        wq[j] = d * f32(sbyte_of(lo, j));
-        wq[j + 16u] = d * f32(sbyte_of(hi, j));
-    }
+fn task_x(t: u32) -> vec2<u32> {
+    return vec2<u32>(32u * t, 32u * t + 16u);
 }
 
-// Register dequantizer for `dq8` (same values as `dequant_chunk`).
-fn dq8(block: u32, group: u32) -> Group8 {
-    let d = w_f16(block);
-    let q = block + 2u + 8u * group;
-    return Group8(d * i8x4(w_u32(q)), d * i8x4(w_u32(q + 4u)));
+// 4 signed bytes as f32: flip the sign bit to get byte + 128, then the exponent trick.
+fn i8_codes(w: u32) -> vec4<f32> {
+    return bytes_f32(w ^ 0x80808080u, 128.0);
+}
+
+fn task_w(body: u32, d_row: u32, t: u32) -> Task {
+    let i = (body + t * BODY_BYTES) >> 4u;
+    let lo = W4[i];
+    let hi = W4[i + 1u];
+    let d = d_f16(d_row + 2u * t);
+    return Task(i8_codes(lo.x), i8_codes(lo.y), i8_codes(lo.z), i8_codes(lo.w),
+                i8_codes(hi.x), i8_codes(hi.y), i8_codes(hi.z), i8_codes(hi.w), d, d);
 }

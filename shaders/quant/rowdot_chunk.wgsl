@@ -10,14 +10,14 @@
 fn chunk_dot_pair(a: Chunk, b: Chunk, xb: u32) -> vec2<f32> {
     let v0 = xb >> 2u;
     var s = vec2<f32>(0.0);
-    s = dot4_pair(a.v0, b.v0, X[v0], s);
-    s = dot4_pair(a.v1, b.v1, X[v0 + 1u], s);
-    s = dot4_pair(a.v2, b.v2, X[v0 + 2u], s);
-    s = dot4_pair(a.v3, b.v3, X[v0 + 3u], s);
-    s = dot4_pair(a.v4, b.v4, X[v0 + 4u], s);
-    s = dot4_pair(a.v5, b.v5, X[v0 + 5u], s);
-    s = dot4_pair(a.v6, b.v6, X[v0 + 6u], s);
-    s = dot4_pair(a.v7, b.v7, X[v0 + 7u], s);
+    s = dot4_pair(a.v0, b.v0, load_x4(v0), s);
+    s = dot4_pair(a.v1, b.v1, load_x4(v0 + 1u), s);
+    s = dot4_pair(a.v2, b.v2, load_x4(v0 + 2u), s);
+    s = dot4_pair(a.v3, b.v3, load_x4(v0 + 3u), s);
+    s = dot4_pair(a.v4, b.v4, load_x4(v0 + 4u), s);
+    s = dot4_pair(a.v5, b.v5, load_x4(v0 + 5u), s);
+    s = dot4_pair(a.v6, b.v6, load_x4(v0 + 6u), s);
+    s = dot4_pair(a.v7, b.v7, load_x4(v0 + 7u), s);
     return s;
 }
 
@@ -55,17 +55,17 @@ fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, 
         let s0 = chunk_dot_pair(chunk_a, chunk_b, xb);
         acc_a.x += s0.x;
         acc_b.x += s0.y;
-        if (n_items > 1u) {
+        if (ITEMS > 1u) {
             let s1 = chunk_dot_pair(chunk_a, chunk_b, xb + p.x_stride);
             acc_a.y += s1.x;
             acc_b.y += s1.y;
         }
-        if (n_items > 2u) {
+        if (ITEMS > 2u) {
             let s2 = chunk_dot_pair(chunk_a, chunk_b, xb + 2u * p.x_stride);
             acc_a.z += s2.x;
             acc_b.z += s2.y;
         }
-        if (n_items > 3u) {
+        if (ITEMS > 3u) {
             let s3 = chunk_dot_pair(chunk_a, chunk_b, xb + 3u * p.x_stride);
             acc_a.w += s3.x;
             acc_b.w += s3.y;

@@ -7,8 +7,8 @@
 
 // Sequential fma of the 8 values of `w` against x[4*xv .. 4*xv+8], starting from `acc`.
 fn dot8(w: Group8, xv: u32, acc: f32) -> f32 {
-    let x0 = X[xv];
-    let x1 = X[xv + 1u];
+    let x0 = load_x4(xv);
+    let x1 = load_x4(xv + 1u);
     var a = acc;
     a = fma(w.lo.x, x0.x, a);
     a = fma(w.lo.y, x0.y, a);
@@ -37,17 +37,17 @@ fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, 
         let xb = x_base + g * 8u;
         acc_a.x = dot8(wa, xb >> 2u, acc_a.x);
         acc_b.x = dot8(wb, xb >> 2u, acc_b.x);
-        if (n_items > 1u) {
+        if (ITEMS > 1u) {
             let xv = (xb + p.x_stride) >> 2u;
             acc_a.y = dot8(wa, xv, acc_a.y);
             acc_b.y = dot8(wb, xv, acc_b.y);
         }
-        if (n_items > 2u) {
+        if (ITEMS > 2u) {
             let xv = (xb + 2u * p.x_stride) >> 2u;
             acc_a.z = dot8(wa, xv, acc_a.z);
             acc_b.z = dot8(wb, xv, acc_b.z);
         }
-        if (n_items > 3u) {
+        if (ITEMS > 3u) {
             let xv = (xb + 3u * p.x_stride) >> 2u;
             acc_a.w = dot8(wa, xv, acc_a.w);
             acc_b.w = dot8(wb, xv, acc_b.w);

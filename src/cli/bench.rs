@@ -30,8 +30,8 @@ pub struct Args {
     /// GGUF model to benchmark (default: the built-in tiny model).
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
-    /// Synthetic benchmark instead of a model: `matvec` (per-quant mat-vec roofline). `full`
-    /// (a random model of the real widths) is not implemented yet.
+    /// Synthetic benchmark instead of a model: `matvec` (per-quant mat-vec roofline at the real
+    /// model's shapes) or `full` (a random model of the real widths, built in memory).
     #[arg(long)]
     pub synthetic: Option<String>,
     /// Quant types for `--synthetic matvec` (comma-separated, default: all GPU types); for
@@ -205,6 +205,8 @@ struct MatvecRow {
     quant: String,
     rows: usize,
     cols: usize,
+    /// Expert shapes: experts selected per token (of `MATVEC_EXPERTS`).
+    experts: Option<usize>,
     weight_bytes: usize,
     /// Weights + x + y: what one mat-vec must move at least.
     bytes_moved: usize,
@@ -233,64 +235,14 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
             .filter(|t| crate::gpu::shaders::supports(*t))
             .collect(),
     };
-    // Widths of the real model: GDN qkv projection (10240 x 2560), rotated over 8 copies so the
-    // weights do not sit in cache.
-    let (rows, cols, copies) = (10240usize, 2560usize, 8usize);
     let mut table = Vec::new();
     for ty in types {
-        let blocks_per_row = cols / ty.block_size();
-        let mut weights = Vec::new();
-        for copy in 0..copies {
-            let bytes = crate::quant::random_blocks(ty, rows * blocks_per_row, copy as u64 + 1);
-            weights.push(GpuWeight::upload(
-                &ctx,
-                ty.name(),
-                ty,
-                cols,
-                rows,
-                1,
-                &bytes,
-            )?);
-        }
-        let x_values: Vec<f32> = (0..cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
-        let x = GpuBuf::from_f32(&ctx, "x", &x_values)?;
-        let y = GpuBuf::zeros(&ctx, "y", rows)?;
-        let mut rec = Recorder::new();
-        for w in &weights {
-            kernels::matvec(
-                &ctx,
-                &mut rec,
-                w,
-                View::new(&x, 0, cols),
-                View::new(&y, 0, rows),
-                1,
-            )?;
-        }
-        rec.run(&ctx)?;
-        // Per mat-vec: the pass's summed dispatch times over its mat-vecs (a tensor larger than
-        // one binding is several dispatches), best of 3 passes.
-        let mut gpu_seconds: Option<f64> = None;
-        for _ in 0..3 {
-            if let Some(ns) = dispatch_gpu_ns(&ctx, &rec)? {
-                let per = ns.iter().sum::<f64>() * 1e-9 / copies as f64;
-                gpu_seconds = Some(gpu_seconds.map_or(per, |best| best.min(per)));
+        for shape in MATVEC_SHAPES {
+            if !shape.cols.is_multiple_of(ty.block_size()) {
+                continue;
             }
+            table.push(time_matvec(&ctx, ty, shape, overhead, read.gbps)?);
         }
-        let wall = (best_wall_seconds(&ctx, &rec, 3)? - overhead).max(1e-9) / copies as f64;
-        let weight_bytes = weights[0].bytes();
-        let bytes_moved = weight_bytes + 4 * (rows + cols);
-        let gbps = bytes_moved as f64 / gpu_seconds.unwrap_or(wall) / 1e9;
-        table.push(MatvecRow {
-            quant: ty.name().to_string(),
-            rows,
-            cols,
-            weight_bytes,
-            bytes_moved,
-            gpu_microseconds: gpu_seconds.map(|s| s * 1e6),
-            wall_microseconds: wall * 1e6,
-            gbps,
-            fraction_of_streaming_read: gbps / read.gbps,
-        });
     }
     eprintln!(
         "streaming read: {:.1} GB/s ({}); submit + wait overhead {:.1} us (subtracted from wall)",
@@ -299,16 +251,21 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
         overhead * 1e6
     );
     eprintln!(
-        "{:<8} {:>12} {:>10} {:>10} {:>8} {:>7}",
-        "quant", "bytes", "gpu us", "wall us", "GB/s", "of read"
+        "{:<8} {:<22} {:>12} {:>10} {:>10} {:>8} {:>7}",
+        "quant", "shape", "bytes", "gpu us", "wall us", "GB/s", "of read"
     );
     for r in &table {
         let gpu = r
             .gpu_microseconds
             .map_or_else(|| "-".to_string(), |us| format!("{us:.1}"));
+        let shape = match r.experts {
+            Some(e) => format!("{}x{} {}/{}", r.rows, r.cols, e, MATVEC_EXPERTS),
+            None => format!("{}x{}", r.rows, r.cols),
+        };
         eprintln!(
-            "{:<8} {:>12} {:>10} {:>10.1} {:>8.1} {:>6.1}%",
+            "{:<8} {:<22} {:>12} {:>10} {:>10.1} {:>8.1} {:>6.1}%",
             r.quant,
+            shape,
             r.bytes_moved,
             gpu,
             r.wall_microseconds,
@@ -328,6 +285,139 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
         "streaming_read_timing": read.timing,
         "results": table,
     }))
+}
+
+/// A mat-vec shape of the real model: `rows` x `cols`, or `experts` of 512 stacked matrices.
+#[derive(Clone, Copy)]
+struct MatvecShape {
+    rows: usize,
+    cols: usize,
+    experts: Option<usize>,
+}
+
+const MATVEC_EXPERTS: usize = 512;
+
+/// GDN qkv / z, QSA q, GDN and QSA out, HC down / up, the head, routed gate-up and down.
+const MATVEC_SHAPES: &[MatvecShape] = &[
+    MatvecShape {
+        rows: 10240,
+        cols: 2560,
+        experts: None,
+    },
+    MatvecShape {
+        rows: 12288,
+        cols: 2560,
+        experts: None,
+    },
+    MatvecShape {
+        rows: 2560,
+        cols: 6144,
+        experts: None,
+    },
+    MatvecShape {
+        rows: 320,
+        cols: 10240,
+        experts: None,
+    },
+    MatvecShape {
+        rows: 10240,
+        cols: 320,
+        experts: None,
+    },
+    MatvecShape {
+        rows: 248320,
+        cols: 2560,
+        experts: None,
+    },
+    MatvecShape {
+        rows: 640,
+        cols: 2560,
+        experts: Some(10),
+    },
+    MatvecShape {
+        rows: 2560,
+        cols: 640,
+        experts: Some(10),
+    },
+];
+
+/// One shape and type: a pass over several copies (rotated so the weights do not sit in cache),
+/// GPU time per mat-vec from dispatch timestamps, best of 3 passes.
+fn time_matvec(
+    ctx: &Arc<GpuContext>,
+    ty: GgmlType,
+    shape: &MatvecShape,
+    overhead: f64,
+    read_gbps: f64,
+) -> anyhow::Result<MatvecRow> {
+    let MatvecShape {
+        rows,
+        cols,
+        experts,
+    } = *shape;
+    let units = if experts.is_some() { MATVEC_EXPERTS } else { 1 };
+    let blocks = rows * units * (cols / ty.block_size());
+    let tensor_bytes = blocks * ty.type_size();
+    // 2 to 8 copies, about 1 GiB in all where that fits, so the L2 never holds what a pass reads.
+    let copies = (1usize << 30).div_ceil(tensor_bytes.max(1)).clamp(2, 8);
+    let mut weights = Vec::new();
+    for copy in 0..copies {
+        let bytes = crate::quant::random_blocks(ty, blocks, copy as u64 + 1);
+        let unit_rows = if experts.is_some() { rows } else { 1 };
+        weights.push(GpuWeight::upload(
+            ctx,
+            ty.name(),
+            ty,
+            cols,
+            rows * units,
+            unit_rows,
+            &bytes,
+        )?);
+    }
+    let k = experts.unwrap_or(1);
+    let x_values: Vec<f32> = (0..cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let x = GpuBuf::from_f32(ctx, "x", &x_values)?;
+    let y = GpuBuf::zeros(ctx, "y", rows * k)?;
+    // Experts spread over the tensor, as a router would pick them.
+    let ids: Vec<u32> = (0..k).map(|i| (i * 37 % MATVEC_EXPERTS) as u32).collect();
+    let ids = GpuBuf::from_u32(ctx, "ids", &ids)?;
+    let mut rec = Recorder::new();
+    for w in &weights {
+        let (xv, yv) = (View::new(&x, 0, cols), View::new(&y, 0, rows));
+        match experts {
+            Some(k) => kernels::matvec_expert(ctx, &mut rec, w, &ids, k, false, xv, yv, k)?,
+            None => kernels::matvec(ctx, &mut rec, w, xv, yv, 1)?,
+        }
+    }
+    // Keep the GPU busy for a while first: after the host spent seconds writing random blocks the
+    // clocks are down, and a sub-millisecond pass would time the ramp, not the kernel.
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < 0.3 {
+        rec.run(ctx)?;
+    }
+    let mut gpu_seconds: Option<f64> = None;
+    for _ in 0..5 {
+        if let Some(ns) = dispatch_gpu_ns(ctx, &rec)? {
+            let per = ns.iter().sum::<f64>() * 1e-9 / copies as f64;
+            gpu_seconds = Some(gpu_seconds.map_or(per, |best| best.min(per)));
+        }
+    }
+    let wall = (best_wall_seconds(ctx, &rec, 3)? - overhead).max(1e-9) / copies as f64;
+    let weight_bytes = rows * k * (cols / ty.block_size()) * ty.type_size();
+    let bytes_moved = weight_bytes + 4 * (rows * k + cols);
+    let gbps = bytes_moved as f64 / gpu_seconds.unwrap_or(wall) / 1e9;
+    Ok(MatvecRow {
+        quant: ty.name().to_string(),
+        rows,
+        cols,
+        experts,
+        weight_bytes,
+        bytes_moved,
+        gpu_microseconds: gpu_seconds.map(|s| s * 1e6),
+        wall_microseconds: wall * 1e6,
+        gbps,
+        fraction_of_streaming_read: gbps / read_gbps,
+    })
 }
 
 /// GPU time per kernel (summed over its dispatches) of one decode step after `tokens[..n-1]`.

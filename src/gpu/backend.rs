@@ -15,15 +15,15 @@ use std::sync::Arc;
 
 use crate::engine::{Backend, EngineError, ModelInfo, Sequence};
 use crate::gguf::Gguf;
-use crate::gguf::types::GgmlType;
 use crate::model::config::Config;
 use crate::model::ops::{first_non_finite, rope_cos_sin, rope_inv_freqs};
 use crate::model::ple::{hash_rows, ngram_context};
 use crate::model::weights::{HcWeights, MixerWeights, QuantMatrix, Weights};
 
 use super::buffers::{GpuBuf, GpuWeight, read_staging};
-use super::kernels::{self, BindGroupCache, Recorder, View};
+use super::kernels::{self, BindGroupCache, Recorder, Store, View, XForm};
 use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
+use super::proj::{MultiProj, Src};
 use super::tiered::{ExpertTier, TierStats, plan_for_budget};
 use super::{GpuContext, GpuError, list_adapters};
 use crate::tiers::{MemoryPlan, PleReadError, PleRowReader, TierArgs, format_size};
@@ -39,16 +39,16 @@ fn gpu_err(e: GpuError) -> EngineError {
 
 struct HcGpu {
     norm: GpuBuf,
-    down: GpuWeight,
+    /// The low-rank down projection (group 0) and, except in the head mixer, the injection
+    /// logits (group 1): both read the normed streams.
+    down_inject: MultiProj,
+    has_inject: bool,
     up: GpuWeight,
-    inject: Option<GpuWeight>,
 }
 
 struct GdnGpu {
-    qkv: GpuWeight,
-    gate: GpuWeight,
-    beta: GpuWeight,
-    alpha: GpuWeight,
+    /// qkv (group 0), z (group 1), beta and alpha (group 2).
+    input: MultiProj,
     gate_params: GpuBuf,
     conv: GpuBuf,
     norm: GpuBuf,
@@ -56,17 +56,16 @@ struct GdnGpu {
 }
 
 struct IndexerGpu {
-    q: GpuWeight,
-    k: GpuWeight,
+    /// Raw key (group 0) and queries (group 1).
+    kq: MultiProj,
     q_norm: GpuBuf,
     k_norm: GpuBuf,
     ratio: usize,
 }
 
 struct QsaGpu {
-    q: GpuWeight,
-    k: GpuWeight,
-    v: GpuWeight,
+    /// Query and gate (group 0), key (group 1), value (group 2).
+    qkv: MultiProj,
     out: GpuWeight,
     q_norm: GpuBuf,
     k_norm: GpuBuf,
@@ -79,21 +78,36 @@ enum MixerGpu {
 }
 
 struct SharedGpu {
-    gate: GpuWeight,
-    up: GpuWeight,
+    /// Gate then up rows, into one vector per token that the down projection reads as SwiGLU.
+    gate_up: MultiProj,
     down: GpuWeight,
-    gate_inp: GpuWeight,
 }
 
-/// The routed experts of one layer, whole, when every expert is resident.
+/// The expert tensors one MoE dispatch sequence reads: the resident fused gate-up tensor, or the
+/// tiered slot arenas.
+#[derive(Clone, Copy)]
+enum ExpertWeights<'a> {
+    Fused {
+        gate_up: &'a GpuWeight,
+        down: &'a GpuWeight,
+    },
+    Split {
+        gate: &'a GpuWeight,
+        up: &'a GpuWeight,
+        down: &'a GpuWeight,
+    },
+}
+
+/// The routed experts of one layer, whole, when every expert is resident: each expert's gate rows
+/// then its up rows in one tensor, so one dispatch computes both.
 struct ResidentExperts {
-    gate: GpuWeight,
-    up: GpuWeight,
+    gate_up: GpuWeight,
     down: GpuWeight,
 }
 
 struct MoeGpu {
-    router: GpuWeight,
+    /// Router logits (group 0) and, with a shared expert, its gate logit (group 1).
+    router: MultiProj,
     /// `None` in tiered mode: the experts come through the backend's slot arenas.
     experts: Option<ResidentExperts>,
     shared: Option<SharedGpu>,
@@ -146,32 +160,51 @@ fn upload(ctx: &GpuContext, m: &QuantMatrix) -> Result<GpuWeight, GpuError> {
     GpuWeight::upload(ctx, m.name(), m.ty, m.cols, m.rows, 1, m.bytes())
 }
 
+/// Stack experts into one tensor; each unit is expert e's rows of every list in `lists`, in
+/// order (gate then up rows for the fused gate-up projection).
 fn upload_experts(
     ctx: &GpuContext,
     name: &str,
-    experts: &[QuantMatrix],
+    lists: &[&[QuantMatrix]],
 ) -> Result<GpuWeight, GpuError> {
-    let Some(first) = experts.first() else {
+    let Some(first) = lists.first().and_then(|l| l.first()) else {
         return Err(GpuError::BadArgs(format!("{name}: no experts")));
     };
-    let mut bytes = Vec::with_capacity(first.bytes().len() * experts.len());
-    for e in experts {
-        if e.ty != first.ty || e.rows != first.rows || e.cols != first.cols {
-            return Err(GpuError::BadArgs(format!(
-                "{name}: experts differ in shape or type"
-            )));
+    let n = lists[0].len();
+    let mut bytes = Vec::with_capacity(first.bytes().len() * n * lists.len());
+    for e in 0..n {
+        for list in lists {
+            let Some(m) = list.get(e) else {
+                return Err(GpuError::BadArgs(format!(
+                    "{name}: expert lists differ in length"
+                )));
+            };
+            if m.ty != first.ty || m.rows != first.rows || m.cols != first.cols {
+                return Err(GpuError::BadArgs(format!(
+                    "{name}: experts differ in shape or type"
+                )));
+            }
+            bytes.extend_from_slice(m.bytes());
         }
-        bytes.extend_from_slice(e.bytes());
     }
+    let unit_rows = first.rows * lists.len();
     GpuWeight::upload(
         ctx,
         name,
         first.ty,
         first.cols,
-        first.rows * experts.len(),
-        first.rows,
+        unit_rows * n,
+        unit_rows,
         &bytes,
     )
+}
+
+/// Whether expert gate and up can share one tensor (same type and shape).
+fn gate_up_joinable(gate: &[QuantMatrix], up: &[QuantMatrix]) -> bool {
+    match (gate.first(), up.first()) {
+        (Some(g), Some(u)) => g.ty == u.ty && g.rows == u.rows && g.cols == u.cols,
+        _ => false,
+    }
 }
 
 /// The checked PLE row reader of a model on disk (`--ple-io`, `--ple-row-cache`); `None` for a
@@ -215,24 +248,19 @@ fn ple_error(e: PleReadError) -> EngineError {
     }
 }
 
-fn vector_as_matrix(ctx: &GpuContext, name: &str, v: &[f32]) -> Result<GpuWeight, GpuError> {
-    GpuWeight::upload(
-        ctx,
-        name,
-        GgmlType::F32,
-        v.len(),
-        1,
-        1,
-        bytemuck::cast_slice(v),
-    )
-}
-
 fn upload_hc(ctx: &GpuContext, w: &HcWeights) -> Result<HcGpu, GpuError> {
+    let down = [Src::from(&w.down)];
+    let inject: Vec<Src> = w.inject.iter().map(Src::from).collect();
+    let groups: Vec<&[Src]> = if inject.is_empty() {
+        vec![&down]
+    } else {
+        vec![&down, &inject]
+    };
     Ok(HcGpu {
         norm: GpuBuf::from_f32(ctx, "hc norm", &w.norm)?,
-        down: upload(ctx, &w.down)?,
+        down_inject: MultiProj::upload(ctx, w.down.name(), &groups)?,
+        has_inject: !inject.is_empty(),
         up: upload(ctx, &w.up)?,
-        inject: w.inject.as_ref().map(|m| upload(ctx, m)).transpose()?,
     })
 }
 
@@ -309,11 +337,17 @@ impl GpuBackend {
                     }
                     let mut gate_params = g.dt_bias.clone();
                     gate_params.extend_from_slice(&g.a);
+                    let input = MultiProj::upload(
+                        c,
+                        g.qkv.name(),
+                        &[
+                            &[Src::from(&g.qkv)],
+                            &[Src::from(&g.gate)],
+                            &[Src::from(&g.beta), Src::from(&g.alpha)],
+                        ],
+                    )?;
                     MixerGpu::Gdn(GdnGpu {
-                        qkv: upload(c, &g.qkv)?,
-                        gate: upload(c, &g.gate)?,
-                        beta: upload(c, &g.beta)?,
-                        alpha: upload(c, &g.alpha)?,
+                        input,
                         gate_params: GpuBuf::from_f32(c, "gdn gate params", &gate_params)?,
                         conv: GpuBuf::from_f32(c, "gdn conv", &g.conv)?,
                         norm: GpuBuf::from_f32(c, "gdn norm", &g.norm)?,
@@ -331,8 +365,11 @@ impl GpuBackend {
                                 );
                             }
                             Some(IndexerGpu {
-                                q: upload(c, &ix.q)?,
-                                k: upload(c, &ix.k)?,
+                                kq: MultiProj::upload(
+                                    c,
+                                    ix.k.name(),
+                                    &[&[Src::from(&ix.k)], &[Src::from(&ix.q)]],
+                                )?,
                                 q_norm: GpuBuf::from_f32(c, "indexer q norm", &ix.q_norm)?,
                                 k_norm: GpuBuf::from_f32(c, "indexer k norm", &ix.k_norm)?,
                                 ratio,
@@ -341,9 +378,11 @@ impl GpuBackend {
                         _ => None,
                     };
                     MixerGpu::Qsa(QsaGpu {
-                        q: upload(c, &q.q)?,
-                        k: upload(c, &q.k)?,
-                        v: upload(c, &q.v)?,
+                        qkv: MultiProj::upload(
+                            c,
+                            q.q.name(),
+                            &[&[Src::from(&q.q)], &[Src::from(&q.k)], &[Src::from(&q.v)]],
+                        )?,
                         out: upload(c, &q.out)?,
                         q_norm: GpuBuf::from_f32(c, "q norm", &q.q_norm)?,
                         k_norm: GpuBuf::from_f32(c, "k norm", &q.k_norm)?,
@@ -354,24 +393,40 @@ impl GpuBackend {
             let m = &lw.moe;
             let shared = match &m.shared {
                 Some(s) => Some(SharedGpu {
-                    gate: upload(c, &s.gate)?,
-                    up: upload(c, &s.up)?,
+                    gate_up: MultiProj::upload(
+                        c,
+                        s.gate.name(),
+                        &[&[Src::from(&s.gate), Src::from(&s.up)]],
+                    )?,
                     down: upload(c, &s.down)?,
-                    gate_inp: vector_as_matrix(c, "shared expert gate", &s.gate_inp)?,
                 }),
                 None => None,
             };
             let experts = if tiered {
                 None
-            } else {
+            } else if gate_up_joinable(&m.gate, &m.up) {
                 Some(ResidentExperts {
-                    gate: upload_experts(c, "ffn_gate_exps", &m.gate)?,
-                    up: upload_experts(c, "ffn_up_exps", &m.up)?,
-                    down: upload_experts(c, "ffn_down_exps", &m.down)?,
+                    gate_up: upload_experts(c, "ffn_gate_up_exps", &[&m.gate, &m.up])?,
+                    down: upload_experts(c, "ffn_down_exps", &[&m.down])?,
                 })
+            } else {
+                anyhow::bail!(
+                    "expert gate and up projections differ in type or shape; the GPU backend \
+                     needs them alike"
+                );
             };
+            let router_src = [Src::from(&m.router)];
+            let gate_src: Vec<Src> = m
+                .shared
+                .iter()
+                .map(|s| Src::vector("shared expert gate", &s.gate_inp))
+                .collect();
+            let mut router_groups: Vec<&[Src]> = vec![&router_src];
+            if !gate_src.is_empty() {
+                router_groups.push(&gate_src);
+            }
             let moe = MoeGpu {
-                router: upload(c, &m.router)?,
+                router: MultiProj::upload(c, m.router.name(), &router_groups)?,
                 experts,
                 shared,
             };
@@ -399,8 +454,7 @@ impl GpuBackend {
         let rope_table = GpuBuf::from_f32(c, "rope table", &table)?;
         let dummy = GpuBuf::zeros(c, "dummy", 4)?;
         let mut weight_bytes = token_embd.bytes() + output.bytes();
-        let hc_bytes =
-            |h: &HcGpu| h.down.bytes() + h.up.bytes() + h.inject.as_ref().map_or(0, |w| w.bytes());
+        let hc_bytes = |h: &HcGpu| h.down_inject.bytes() + h.up.bytes();
         weight_bytes += hc_bytes(&head_hc);
         for l in &layers {
             weight_bytes += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
@@ -408,7 +462,7 @@ impl GpuBackend {
                 + l.moe
                     .experts
                     .as_ref()
-                    .map_or(0, |e| e.gate.bytes() + e.up.bytes() + e.down.bytes());
+                    .map_or(0, |e| e.gate_up.bytes() + e.down.bytes());
         }
         let tier = match (&plan, tiered) {
             (Some(plan), true) => {
@@ -536,8 +590,7 @@ impl GpuBackend {
     /// embedding table (one row).
     pub fn bytes_per_decoded_token(&self) -> usize {
         let mut total = self.output.bytes() + self.token_embd.row_bytes;
-        let hc_bytes =
-            |h: &HcGpu| h.down.bytes() + h.up.bytes() + h.inject.as_ref().map_or(0, |w| w.bytes());
+        let hc_bytes = |h: &HcGpu| h.down_inject.bytes() + h.up.bytes();
         total += hc_bytes(&self.head_hc);
         let used = self.config.moe.n_expert_used;
         let n_expert = self.config.moe.n_expert.max(1);
@@ -545,7 +598,7 @@ impl GpuBackend {
             total += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
             let m = &l.moe;
             let expert_bytes = match (&m.experts, &self.tier) {
-                (Some(e), _) => (e.gate.bytes() + e.up.bytes() + e.down.bytes()) / n_expert,
+                (Some(e), _) => (e.gate_up.bytes() + e.down.bytes()) / n_expert,
                 (None, Some(t)) => {
                     let a = &t.arenas;
                     (a.gate.bytes() + a.up.bytes() + a.down.bytes()) / t.n_slots.max(1)
@@ -554,25 +607,15 @@ impl GpuBackend {
             };
             total += m.router.bytes() + expert_bytes * used;
             if let Some(s) = &m.shared {
-                total += s.gate.bytes() + s.up.bytes() + s.down.bytes() + s.gate_inp.bytes();
+                total += s.gate_up.bytes() + s.down.bytes();
             }
             if let Some(p) = &l.ple {
                 total += p.key.bytes() + p.value.bytes();
             }
             total += match &l.mixer {
-                MixerGpu::Gdn(g) => {
-                    g.qkv.bytes()
-                        + g.gate.bytes()
-                        + g.beta.bytes()
-                        + g.alpha.bytes()
-                        + g.out.bytes()
-                }
+                MixerGpu::Gdn(g) => g.input.bytes() + g.out.bytes(),
                 MixerGpu::Qsa(q) => {
-                    q.q.bytes()
-                        + q.k.bytes()
-                        + q.v.bytes()
-                        + q.out.bytes()
-                        + q.indexer.as_ref().map_or(0, |i| i.q.bytes() + i.k.bytes())
+                    q.qkv.bytes() + q.out.bytes() + q.indexer.as_ref().map_or(0, |i| i.kq.bytes())
                 }
             };
         }
@@ -617,7 +660,6 @@ struct Scratch {
     gates: GpuBuf,
     x_in: GpuBuf,
     inject: GpuBuf,
-    block_out: GpuBuf,
     // GDN
     mixed: GpuBuf,
     z: GpuBuf,
@@ -627,24 +669,22 @@ struct Scratch {
     gdn_normed: GpuBuf,
     // QSA
     query_gate: GpuBuf,
-    key: GpuBuf,
-    value: GpuBuf,
-    index_key: GpuBuf,
     index_query: GpuBuf,
     selected: GpuBuf,
     scores: GpuBuf,
     attended: GpuBuf,
+    attn_parts: GpuBuf,
     // MoE
     router: GpuBuf,
     expert_ids: GpuBuf,
     /// Tiered mode: the slot of each (token, k) expert of the current sub-batch.
     slot_ids: GpuBuf,
     expert_weights: GpuBuf,
-    expert_gate: GpuBuf,
-    expert_up: GpuBuf,
+    /// Gate then up outputs of each (token, expert), side by side.
+    expert_gu: GpuBuf,
     expert_down: GpuBuf,
-    shared_gate: GpuBuf,
-    shared_up: GpuBuf,
+    /// Gate then up outputs of the shared expert per token.
+    shared_gu: GpuBuf,
     shared_down: GpuBuf,
     shared_logit: GpuBuf,
     // PLE
@@ -719,7 +759,6 @@ impl GpuSequence {
         }
         let ple_dim = cfg.ple.as_ref().map_or(32, |p| p.embed_dim());
         let ple_hist = cfg.ple.as_ref().map_or(1, |p| p.conv_history().max(1));
-        let kv = a.n_head_kv * a.head_dim;
         let qg = a.n_head * 2 * a.head_dim;
         let k = m.n_expert_used;
         let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
@@ -731,7 +770,6 @@ impl GpuSequence {
             gates: z("gates", t * wide)?,
             x_in: z("x_in", t * h)?,
             inject: z("inject", t * hc)?,
-            block_out: z("block out", t * h)?,
             mixed: z("mixed", t * g.conv_channels())?,
             z: z("z", t * g.value_dim())?,
             beta_alpha: z("beta alpha", t * 2 * g.n_v_heads)?,
@@ -739,22 +777,21 @@ impl GpuSequence {
             recurrent_out: z("recurrent out", t * g.value_dim())?,
             gdn_normed: z("gdn normed", t * g.value_dim())?,
             query_gate: z("query gate", t * qg)?,
-            key: z("key", t * kv)?,
-            value: z("value", t * kv)?,
-            index_key: z("index key", t * a.indexer_head_dim)?,
             index_query: z("index query", t * a.indexer_n_head * a.indexer_head_dim)?,
             selected: z("selected", t * (budget + 1))?,
             scores: z("scores", t * 2 * max_blocks)?,
             attended: z("attended", t * a.n_head * a.head_dim)?,
+            attn_parts: z(
+                "attention partials",
+                ops::qsa_partials_len(t, a.n_head, a.head_dim),
+            )?,
             router: z("router", t * m.n_expert)?,
             expert_ids: z("expert ids", t * k)?,
             slot_ids: z("expert slot ids", t * k)?,
             expert_weights: z("expert weights", t * k)?,
-            expert_gate: z("expert gate", t * k * m.expert_ff)?,
-            expert_up: z("expert up", t * k * m.expert_ff)?,
+            expert_gu: z("expert gate up", t * k * 2 * m.expert_ff)?,
             expert_down: z("expert down", t * k * h)?,
-            shared_gate: z("shared gate", t * m.shared_ff)?,
-            shared_up: z("shared up", t * m.shared_ff)?,
+            shared_gu: z("shared gate up", t * 2 * m.shared_ff)?,
             shared_down: z("shared down", t * h)?,
             shared_logit: z("shared logit", t)?,
             ple_embedding: z("ple embedding", t * ple_dim)?,
@@ -789,6 +826,9 @@ impl GpuSequence {
         }
     }
 
+    /// The hyper-connection mix (model-spec 2.4): `x_in` and, with an injection, `inject`.
+    /// Three dispatches: the grouped norm; down projection and injection logits together; the up
+    /// projection with the SiLU on its input and the stream mix in its store.
     fn hc_mix(&self, rec: &mut Recorder, w: &HcGpu, t: usize) -> Result<(), GpuError> {
         let b = &self.backend;
         let c = &*b.ctx;
@@ -807,36 +847,27 @@ impl GpuSequence {
             groups,
             t,
         )?;
-        let r = w.down.n_rows;
-        kernels::matvec(
-            c,
-            rec,
-            &w.down,
-            View::new(&s.normed, 0, wide),
-            View::new(&s.low, 0, r),
-            t,
-        )?;
-        ops::silu_scale(c, rec, &s.low, t * r, 1.0 / hc as f32)?;
-        kernels::matvec(
-            c,
-            rec,
-            &w.up,
-            View::new(&s.low, 0, r),
-            View::new(&s.gates, 0, wide),
-            t,
-        )?;
-        ops::hc_mix_out(c, rec, &s.gates, &s.normed, &s.x_in, h, hc, t)?;
-        if let Some(inject) = &w.inject {
-            kernels::matvec(
-                c,
-                rec,
-                inject,
-                View::new(&s.normed, 0, wide),
-                View::new(&s.inject, 0, hc),
-                t,
-            )?;
+        let r = w.down_inject.rows(0);
+        let mut outs = vec![View::new(&s.low, 0, r)];
+        if w.has_inject {
+            outs.push(View::new(&s.inject, 0, hc));
         }
-        Ok(())
+        w.down_inject
+            .record(c, rec, View::new(&s.normed, 0, wide), &outs, t)?;
+        let x = View::new(&s.low, 0, r);
+        let silu = XForm::SiluScale(1.0 / hc as f32);
+        if hc <= 4 && w.up.parts.len() == 1 {
+            let store = Store::Mix {
+                out: View::new(&s.x_in, 0, h),
+                normed: &s.normed,
+                h,
+                hc,
+            };
+            return kernels::matvec_with(c, rec, &w.up, x, silu, store, t);
+        }
+        let gates = Store::Rows(View::new(&s.gates, 0, wide));
+        kernels::matvec_with(c, rec, &w.up, x, silu, gates, t)?;
+        ops::hc_mix_out(c, rec, &s.gates, &s.normed, &s.x_in, h, hc, t)
     }
 
     fn ple(&self, rec: &mut Recorder, w: &PleGpu, t: usize, pos0: usize) -> Result<(), GpuError> {
@@ -947,10 +978,12 @@ impl GpuSequence {
         let ch = g.conv_channels();
         let nv = g.n_v_heads;
         let x = View::new(&s.x_in, 0, h);
-        kernels::matvec(c, rec, &w.qkv, x, View::new(&s.mixed, 0, ch), t)?;
-        kernels::matvec(c, rec, &w.gate, x, View::new(&s.z, 0, g.value_dim()), t)?;
-        kernels::matvec(c, rec, &w.beta, x, View::new(&s.beta_alpha, 0, 2 * nv), t)?;
-        kernels::matvec(c, rec, &w.alpha, x, View::new(&s.beta_alpha, nv, 2 * nv), t)?;
+        let outs = [
+            View::new(&s.mixed, 0, ch),
+            View::new(&s.z, 0, g.value_dim()),
+            View::new(&s.beta_alpha, 0, 2 * nv),
+        ];
+        w.input.record(c, rec, x, &outs, t)?;
         let shape = GdnShape {
             channels: ch,
             kernel: g.conv_kernel,
@@ -960,37 +993,6 @@ impl GpuSequence {
             dv: g.head_v_dim,
         };
         ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
-        let l2 = |scale: f32| NormSpec {
-            mode: NormMode::L2,
-            eps: 1e-6,
-            scale,
-            weight: None,
-        };
-        let heads = |off: usize| Groups {
-            n: g.head_k_dim,
-            groups: g.n_k_heads,
-            off,
-            group_stride: g.head_k_dim,
-            token_stride: ch,
-        };
-        ops::rmsnorm_inplace(
-            c,
-            rec,
-            &l2(1.0 / (g.head_k_dim as f32).sqrt()),
-            &s.conv_out,
-            heads(0),
-            t,
-            &b.dummy,
-        )?;
-        ops::rmsnorm_inplace(
-            c,
-            rec,
-            &l2(1.0),
-            &s.conv_out,
-            heads(g.key_dim()),
-            t,
-            &b.dummy,
-        )?;
         ops::gdn_recurrence(
             c,
             rec,
@@ -1014,14 +1016,27 @@ impl GpuSequence {
             per_head,
             t,
         )?;
-        kernels::matvec(
-            c,
-            rec,
-            &w.out,
-            View::new(&s.gdn_normed, 0, g.value_dim()),
-            View::new(&s.block_out, 0, h),
-            t,
-        )
+        let x = View::new(&s.gdn_normed, 0, g.value_dim());
+        self.out_and_combine(rec, &w.out, x, t)
+    }
+
+    /// A mixer's output projection added into the wide residual (fused `hc_combine`).
+    fn out_and_combine(
+        &self,
+        rec: &mut Recorder,
+        w: &GpuWeight,
+        x: View,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let s = &self.scratch;
+        let store = Store::Combine {
+            wide: &s.wide,
+            inject: &s.inject,
+            h: b.config.n_embd,
+            hc: b.config.hc_count,
+        };
+        kernels::matvec_with(&b.ctx, rec, w, x, XForm::Plain, store, t)
     }
 
     fn qsa(
@@ -1052,9 +1067,13 @@ impl GpuSequence {
         let qg = a.n_head * 2 * hd;
         let half = a.rotary_dims / 2;
         let x = View::new(&s.x_in, 0, h);
-        kernels::matvec(c, rec, &w.q, x, View::new(&s.query_gate, 0, qg), t)?;
-        kernels::matvec(c, rec, &w.k, x, View::new(&s.key, 0, kv), t)?;
-        kernels::matvec(c, rec, &w.v, x, View::new(&s.value, 0, kv), t)?;
+        // Keys and values land in the caches directly; the keys are normed and rotated there.
+        let outs = [
+            View::new(&s.query_gate, 0, qg),
+            View::new(keys, pos0 * kv, kv),
+            View::new(values, pos0 * kv, kv),
+        ];
+        w.qkv.record(c, rec, x, &outs, t)?;
         let q_heads = Groups {
             n: hd,
             groups: a.n_head,
@@ -1089,27 +1108,28 @@ impl GpuSequence {
             c,
             rec,
             &self.norm_spec(Some((&w.k_norm, hd))),
-            &s.key,
-            Groups::packed(hd, a.n_head_kv),
+            keys,
+            Groups {
+                off: pos0 * kv,
+                ..Groups::packed(hd, a.n_head_kv)
+            },
             t,
             &b.dummy,
         )?;
         ops::rope(
             c,
             rec,
-            &s.key,
+            keys,
             &b.rope_table,
             t,
             a.n_head_kv,
             hd,
             kv,
-            0,
+            pos0 * kv,
             half,
             pos0,
             1,
         )?;
-        ops::copy_rows(c, rec, &s.key, 0, kv, keys, 0, kv, pos0, t, kv)?;
-        ops::copy_rows(c, rec, &s.value, 0, kv, values, 0, kv, pos0, t, kv)?;
         let mut params = QsaParams {
             tokens: t as u32,
             pos0: pos0 as u32,
@@ -1127,20 +1147,12 @@ impl GpuSequence {
             let nih = a.indexer_n_head;
             let ratio = ix.ratio;
             let budget = a.indexer_budget_tokens / ratio;
-            kernels::matvec(c, rec, &ix.k, x, View::new(&s.index_key, 0, idim), t)?;
-            ops::copy_rows(
-                c,
-                rec,
-                &s.index_key,
-                0,
-                idim,
-                raw_index_keys,
-                0,
-                idim,
-                pos0,
-                t,
-                idim,
-            )?;
+            // Raw index keys land in their cache directly.
+            let outs = [
+                View::new(raw_index_keys, pos0 * idim, idim),
+                View::new(&s.index_query, 0, nih * idim),
+            ];
+            ix.kq.record(c, rec, x, &outs, t)?;
             let first = pos0 / ratio;
             let end = (pos0 + t) / ratio;
             if end > first {
@@ -1186,14 +1198,6 @@ impl GpuSequence {
                     ratio,
                 )?;
             }
-            kernels::matvec(
-                c,
-                rec,
-                &ix.q,
-                x,
-                View::new(&s.index_query, 0, nih * idim),
-                t,
-            )?;
             ops::rmsnorm_inplace(
                 c,
                 rec,
@@ -1250,16 +1254,11 @@ impl GpuSequence {
             keys,
             values,
             &s.selected,
+            &s.attn_parts,
             &s.attended,
         )?;
-        kernels::matvec(
-            c,
-            rec,
-            &w.out,
-            View::new(&s.attended, 0, a.n_head * hd),
-            View::new(&s.block_out, 0, h),
-            t,
-        )
+        let x = View::new(&s.attended, 0, a.n_head * hd);
+        self.out_and_combine(rec, &w.out, x, t)
     }
 
     /// The router: expert ids and weights of every token into `scratch.expert_ids/_weights`.
@@ -1269,7 +1268,11 @@ impl GpuSequence {
         let s = &self.scratch;
         let m = &b.config.moe;
         let x = View::new(&s.x_in, 0, b.config.n_embd);
-        kernels::matvec(c, rec, &w.router, x, View::new(&s.router, 0, m.n_expert), t)?;
+        let mut outs = vec![View::new(&s.router, 0, m.n_expert)];
+        if w.shared.is_some() {
+            outs.push(View::new(&s.shared_logit, 0, 1));
+        }
+        w.router.record(c, rec, x, &outs, t)?;
         ops::moe_router(
             c,
             rec,
@@ -1283,13 +1286,14 @@ impl GpuSequence {
     }
 
     /// The routed experts of the chunk's tokens `tokens`: `ids` holds their `k` expert (or slot)
-    /// indices per token from index 0, `experts` the tensors (or slot arenas) they index.
-    /// Gate/up outputs use the scratch from 0 (reused per sub-batch); down outputs land at the
+    /// indices per token from index 0. Gate and up land side by side in `scratch.expert_gu` (from
+    /// 0, reused per sub-batch), from one fused tensor or from two (the slot arenas): the same
+    /// rows either way. The down projection reads them as SwiGLU; its outputs land at the
     /// tokens' own rows of `scratch.expert_down`, ready for the combine.
     fn moe_experts(
         &self,
         rec: &mut Recorder,
-        experts: [&GpuWeight; 3],
+        experts: ExpertWeights,
         ids: &GpuBuf,
         tokens: std::ops::Range<usize>,
     ) -> Result<(), GpuError> {
@@ -1300,46 +1304,36 @@ impl GpuSequence {
         let h = cfg.n_embd;
         let k = cfg.moe.n_expert_used;
         let f = cfg.moe.expert_ff;
-        let [gate, up, down] = experts;
         let items = tokens.len() * k;
         let x = View::new(&s.x_in, tokens.start * h, h);
-        kernels::matvec_expert(
-            c,
-            rec,
-            gate,
-            ids,
-            k,
-            false,
-            x,
-            View::new(&s.expert_gate, 0, f),
-            items,
-        )?;
-        kernels::matvec_expert(
-            c,
-            rec,
-            up,
-            ids,
-            k,
-            false,
-            x,
-            View::new(&s.expert_up, 0, f),
-            items,
-        )?;
-        ops::swiglu(c, rec, &s.expert_gate, &s.expert_up, items * f)?;
-        kernels::matvec_expert(
+        let gu = |offset: usize| View::new(&s.expert_gu, offset, 2 * f);
+        let down = match experts {
+            ExpertWeights::Fused { gate_up, down } => {
+                kernels::matvec_expert(c, rec, gate_up, ids, k, false, x, gu(0), items)?;
+                down
+            }
+            ExpertWeights::Split { gate, up, down } => {
+                kernels::matvec_expert(c, rec, gate, ids, k, false, x, gu(0), items)?;
+                kernels::matvec_expert(c, rec, up, ids, k, false, x, gu(f), items)?;
+                down
+            }
+        };
+        kernels::matvec_expert_with(
             c,
             rec,
             down,
             ids,
             k,
             true,
-            View::new(&s.expert_gate, 0, f),
+            gu(0),
+            XForm::Swiglu { half: f },
             View::new(&s.expert_down, tokens.start * k * h, h),
             items,
         )
     }
 
-    /// Shared expert and the weighted combine of the routed experts' outputs.
+    /// Shared expert, and the weighted combine of the routed and shared outputs added into the
+    /// wide residual.
     fn moe_finish(&self, rec: &mut Recorder, w: &MoeGpu, t: usize) -> Result<(), GpuError> {
         let b = &self.backend;
         let c = &*b.ctx;
@@ -1350,31 +1344,26 @@ impl GpuSequence {
         let x = View::new(&s.x_in, 0, h);
         let shared = match &w.shared {
             Some(sh) => {
-                let sf = sh.gate.n_rows;
-                kernels::matvec(c, rec, &sh.gate, x, View::new(&s.shared_gate, 0, sf), t)?;
-                kernels::matvec(c, rec, &sh.up, x, View::new(&s.shared_up, 0, sf), t)?;
-                ops::swiglu(c, rec, &s.shared_gate, &s.shared_up, t * sf)?;
-                kernels::matvec(
-                    c,
-                    rec,
-                    &sh.down,
-                    View::new(&s.shared_gate, 0, sf),
-                    View::new(&s.shared_down, 0, h),
-                    t,
-                )?;
-                kernels::matvec(c, rec, &sh.gate_inp, x, View::new(&s.shared_logit, 0, 1), t)?;
+                let sf = sh.down.row_len;
+                let gu = View::new(&s.shared_gu, 0, 2 * sf);
+                sh.gate_up.record(c, rec, x, &[gu], t)?;
+                let y = Store::Rows(View::new(&s.shared_down, 0, h));
+                let swiglu = XForm::Swiglu { half: sf };
+                kernels::matvec_with(c, rec, &sh.down, gu, swiglu, y, t)?;
                 Some((&s.shared_down, &s.shared_logit))
             }
             None => None,
         };
-        ops::moe_combine(
+        ops::moe_combine_hc(
             c,
             rec,
             &s.expert_down,
             &s.expert_weights,
             shared,
-            &s.block_out,
+            &s.wide,
+            &s.inject,
             h,
+            cfg.hc_count,
             k,
             t,
         )
@@ -1413,7 +1402,12 @@ impl GpuSequence {
                 .slot_ids
                 .write_u32(c, 0, &slots)
                 .map_err(gpu_err)?;
-            self.moe_experts(rec, [&a.gate, &a.up, &a.down], &self.scratch.slot_ids, run)
+            let split = ExpertWeights::Split {
+                gate: &a.gate,
+                up: &a.up,
+                down: &a.down,
+            };
+            self.moe_experts(rec, split, &self.scratch.slot_ids, run)
                 .map_err(gpu_err)?;
             let mut encoder = c
                 .device
@@ -1469,14 +1463,14 @@ impl GpuSequence {
         self.record_layer_to_router(rec, index, t, pos0)
             .map_err(gpu_err)?;
         match (&layer.moe.experts, &b.tier) {
-            (Some(e), _) => self
-                .moe_experts(
-                    rec,
-                    [&e.gate, &e.up, &e.down],
-                    &self.scratch.expert_ids,
-                    0..t,
-                )
-                .map_err(gpu_err)?,
+            (Some(e), _) => {
+                let fused = ExpertWeights::Fused {
+                    gate_up: &e.gate_up,
+                    down: &e.down,
+                };
+                self.moe_experts(rec, fused, &self.scratch.expert_ids, 0..t)
+                    .map_err(gpu_err)?
+            }
             (None, Some(tier)) => self.tiered_experts(rec, tier, index, t)?,
             (None, None) => {
                 return Err(gpu_err(GpuError::BadArgs(format!(
@@ -1484,10 +1478,7 @@ impl GpuSequence {
                 ))));
             }
         }
-        let s = &self.scratch;
-        let (h, hc) = (b.config.n_embd, b.config.hc_count);
-        self.moe_finish(rec, &layer.moe, t).map_err(gpu_err)?;
-        ops::hc_combine(&b.ctx, rec, &s.wide, &s.block_out, &s.inject, h, hc, t).map_err(gpu_err)
+        self.moe_finish(rec, &layer.moe, t).map_err(gpu_err)
     }
 
     /// Layer `index` from its input up to and including the MoE router.
@@ -1499,9 +1490,6 @@ impl GpuSequence {
         pos0: usize,
     ) -> Result<(), GpuError> {
         let b = &self.backend;
-        let c = &*b.ctx;
-        let s = &self.scratch;
-        let (h, hc) = (b.config.n_embd, b.config.hc_count);
         let (Some(layer), Some(state)) = (b.layers.get(index), self.layers.get(index)) else {
             return Err(GpuError::BadArgs(format!("no layer {index}")));
         };
@@ -1509,11 +1497,11 @@ impl GpuSequence {
             self.ple(rec, p, t, pos0)?;
         }
         self.hc_mix(rec, &layer.attn_hc, t)?;
+        // The mixers add their output into the wide residual themselves (fused hc_combine).
         match &layer.mixer {
             MixerGpu::Gdn(g) => self.gdn(rec, g, state, t)?,
             MixerGpu::Qsa(q) => self.qsa(rec, q, state, t, pos0)?,
         }
-        ops::hc_combine(c, rec, &s.wide, &s.block_out, &s.inject, h, hc, t)?;
         self.hc_mix(rec, &layer.ffn_hc, t)?;
         self.moe_route(rec, &layer.moe, t)
     }

@@ -8,6 +8,7 @@ use wgpu::util::DeviceExt;
 
 use crate::gguf::types::GgmlType;
 
+use super::layout::{self, SplitD};
 use super::{GpuContext, GpuError};
 
 /// One contiguous run of whole rows of a weight tensor, in its own buffer.
@@ -15,6 +16,8 @@ pub struct WeightPart {
     pub buffer: wgpu::Buffer,
     pub first_row: usize,
     pub n_rows: usize,
+    /// Split layouts (`gpu::layout`): byte offset of the part's d plane; 0 otherwise.
+    pub d_base: usize,
 }
 
 /// A weight matrix in VRAM in its GGUF block format: `n_rows` rows of `row_len` values.
@@ -25,7 +28,12 @@ pub struct GpuWeight {
     pub ty: GgmlType,
     pub row_len: usize,
     pub n_rows: usize,
+    /// GGUF bytes per row (what the weight costs to read).
     pub row_bytes: usize,
+    /// Bytes between consecutive rows in a part: `row_bytes`, or the body bytes of a split layout.
+    pub row_stride: usize,
+    /// The split layout of this type, if it has one (`gpu::layout`).
+    pub split: Option<SplitD>,
     pub rows_per_unit: usize,
     pub parts: Vec<WeightPart>,
 }
@@ -87,13 +95,27 @@ impl GpuWeight {
                 data.len()
             )));
         }
+        let split = layout::split_d(ty);
+        let row_stride = match split {
+            Some(sd) => row_len / block * sd.body_bytes(),
+            None => row_bytes,
+        };
         let unit_bytes = row_bytes * rows_per_unit;
         // Byte addresses inside a part are u32 in the shaders.
         let mut limit = ctx.max_binding_bytes().min(u32::MAX as u64 - 16) as usize;
         if let Some(cap) = max_part_bytes {
             limit = limit.min(cap);
         }
-        let units_per_part = (limit / unit_bytes.max(1)).max(1);
+        let mut units_per_part = (limit / unit_bytes.max(1)).max(1);
+        // A split part pads its body and d planes to 16 bytes each (see gpu::layout).
+        if let Some(sd) = split {
+            let blocks = row_len / block;
+            while units_per_part > 1
+                && layout::split_part_bytes(sd, blocks, units_per_part * rows_per_unit) > limit
+            {
+                units_per_part -= 1;
+            }
+        }
         if unit_bytes > limit {
             return Err(bad(format!(
                 "one unit of {unit_bytes} bytes exceeds the adapter's binding limit of {limit} bytes"
@@ -107,10 +129,20 @@ impl GpuWeight {
             let first_row = unit * rows_per_unit;
             let rows = count * rows_per_unit;
             let bytes = &data[first_row * row_bytes..(first_row + rows) * row_bytes];
+            let (buffer, d_base) = match split {
+                Some(sd) => {
+                    let blocks = row_len / block;
+                    let packed = layout::split_rows(sd, blocks, rows, bytes);
+                    let d_base = layout::split_sizes(sd, blocks, rows).1;
+                    (storage_with_bytes(ctx, name, &packed), d_base)
+                }
+                None => (storage_with_bytes(ctx, name, bytes), 0),
+            };
             parts.push(WeightPart {
-                buffer: storage_with_bytes(ctx, name, bytes),
+                buffer,
                 first_row,
                 n_rows: rows,
+                d_base,
             });
             unit += count;
         }
@@ -120,6 +152,8 @@ impl GpuWeight {
             row_len,
             n_rows,
             row_bytes,
+            row_stride,
+            split,
             rows_per_unit,
             parts,
         })

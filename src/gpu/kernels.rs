@@ -5,9 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::gguf::types::GgmlType;
-
-use super::buffers::{GpuBuf, GpuWeight};
+use super::buffers::GpuBuf;
 use super::pipelines::PipelineKey;
 use super::{GpuContext, GpuError};
 
@@ -219,40 +217,10 @@ impl Timestamps {
     }
 }
 
-/// Parameters of `shaders/matvec.wgsl` (must match its `Params`).
-#[repr(C)]
-#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
-struct MatvecParams {
-    rows: u32,
-    k: u32,
-    row_bytes: u32,
-    items: u32,
-    x_stride: u32,
-    x_offset: u32,
-    y_stride: u32,
-    y_offset: u32,
-    slots: u32,
-    x_per_item: u32,
-    expert_first: u32,
-    expert_count: u32,
-    rows_per_wg: u32,
-}
-
-/// Rows per mat-vec workgroup: two per subgroup of a 256-invocation workgroup (shaders/matvec.wgsl),
-/// from the adapter's largest reported subgroup size (32 assumed when it reports none). Any actual
-/// size still computes every row, and a row's bits do not depend on this number.
-fn matvec_rows_per_wg(ctx: &GpuContext) -> usize {
-    let subgroup = match ctx.adapter.subgroup_max_size {
-        0 => 32,
-        n => n as usize,
-    };
-    (2 * (256 / subgroup.min(256))).max(2)
-}
-const MATVEC_TILE: usize = 4;
-const MAX_GRID: usize = 65535;
+pub(crate) const MAX_GRID: usize = 65535;
 
 /// Split `items` over grid y (and z beyond 65535).
-fn item_grid(items: usize) -> (u32, u32) {
+pub(crate) fn item_grid(items: usize) -> (u32, u32) {
     if items <= MAX_GRID {
         (items as u32, 1)
     } else {
@@ -260,7 +228,7 @@ fn item_grid(items: usize) -> (u32, u32) {
     }
 }
 
-fn to_u32(v: usize, what: &str) -> Result<u32, GpuError> {
+pub(crate) fn to_u32(v: usize, what: &str) -> Result<u32, GpuError> {
     u32::try_from(v).map_err(|_| GpuError::BadArgs(format!("{what} = {v} does not fit in u32")))
 }
 
@@ -282,7 +250,7 @@ impl<'a> View<'a> {
     }
 
     /// The mat-vec reads x as vec4: every vector must start on a multiple of 4 floats.
-    fn check_vec4(&self, what: &str) -> Result<(), GpuError> {
+    pub(crate) fn check_vec4(&self, what: &str) -> Result<(), GpuError> {
         if !self.offset.is_multiple_of(4) || !self.stride.is_multiple_of(4) {
             return Err(GpuError::BadArgs(format!(
                 "matvec {what}: x offset {} and stride {} must be multiples of 4",
@@ -293,7 +261,7 @@ impl<'a> View<'a> {
     }
 
     /// Check that `count` vectors of `width` elements fit.
-    fn check(&self, count: usize, width: usize, what: &str) -> Result<(), GpuError> {
+    pub(crate) fn check(&self, count: usize, width: usize, what: &str) -> Result<(), GpuError> {
         if count == 0 {
             return Ok(());
         }
@@ -311,192 +279,6 @@ impl<'a> View<'a> {
     }
 }
 
-fn grid_key(shader: &str, ty: GgmlType, entry: &'static str) -> PipelineKey {
-    PipelineKey::new(format!("{shader}:{}", ty.name()), entry)
-}
-
-/// y[i][r] = W[r] . x[i] for `items` vectors.
-pub fn matvec(
-    ctx: &GpuContext,
-    rec: &mut Recorder,
-    w: &GpuWeight,
-    x: View,
-    y: View,
-    items: usize,
-) -> Result<(), GpuError> {
-    x.check(items, w.row_len, &format!("matvec {} input", w.name))?;
-    x.check_vec4(&w.name)?;
-    y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
-    let key = grid_key("matvec", w.ty, "matvec");
-    let rows_per_wg = matvec_rows_per_wg(ctx);
-    // The plain mat-vec handles MATVEC_TILE vectors per workgroup row (shaders/matvec.wgsl).
-    let (gy, gz) = item_grid(items.div_ceil(MATVEC_TILE));
-    for part in &w.parts {
-        let params = MatvecParams {
-            rows: to_u32(part.n_rows, "rows")?,
-            k: to_u32(w.row_len, "k")?,
-            row_bytes: to_u32(w.row_bytes, "row bytes")?,
-            items: to_u32(items, "items")?,
-            x_stride: to_u32(x.stride, "x stride")?,
-            x_offset: to_u32(x.offset, "x offset")?,
-            y_stride: to_u32(y.stride, "y stride")?,
-            y_offset: to_u32(y.offset + part.first_row, "y offset")?,
-            rows_per_wg: to_u32(rows_per_wg, "rows per workgroup")?,
-            ..Default::default()
-        };
-        let mut bindings = vec![(0, &part.buffer), (1, &*x.buf.buffer), (2, &*y.buf.buffer)];
-        let grid = grid_buffer(ctx, w.ty)?;
-        if let Some(g) = &grid {
-            bindings.push((4, &**g));
-        }
-        let gx = to_u32(part.n_rows.div_ceil(rows_per_wg), "grid x")?;
-        rec.push(
-            ctx,
-            &key,
-            &bindings,
-            bytemuck::bytes_of(&params),
-            [gx, gy, gz],
-        )?;
-    }
-    Ok(())
-}
-
-/// Expert mat-vec: for item i (= token * slots + slot), y[i] = W_{ids[i]} . x, where x is
-/// x[i] when `x_per_item`, else x[i / slots]. `ids` lives on the GPU (written by the router).
-#[allow(clippy::too_many_arguments)]
-pub fn matvec_expert(
-    ctx: &GpuContext,
-    rec: &mut Recorder,
-    w: &GpuWeight,
-    ids: &GpuBuf,
-    slots: usize,
-    x_per_item: bool,
-    x: View,
-    y: View,
-    items: usize,
-) -> Result<(), GpuError> {
-    if slots == 0 || !items.is_multiple_of(slots) || ids.len < items {
-        return Err(GpuError::BadArgs(format!(
-            "expert matvec {}: {items} items, {slots} slots, {} ids",
-            w.name, ids.len
-        )));
-    }
-    let x_count = if x_per_item { items } else { items / slots };
-    x.check(
-        x_count,
-        w.row_len,
-        &format!("expert matvec {} input", w.name),
-    )?;
-    x.check_vec4(&w.name)?;
-    y.check(
-        items,
-        w.rows_per_unit,
-        &format!("expert matvec {} output", w.name),
-    )?;
-    let key = grid_key("matvec", w.ty, "matvec_expert");
-    let rows_per_wg = matvec_rows_per_wg(ctx);
-    let (gy, gz) = item_grid(items);
-    for part in &w.parts {
-        let params = MatvecParams {
-            rows: to_u32(w.rows_per_unit, "rows")?,
-            k: to_u32(w.row_len, "k")?,
-            row_bytes: to_u32(w.row_bytes, "row bytes")?,
-            items: to_u32(items, "items")?,
-            x_stride: to_u32(x.stride, "x stride")?,
-            x_offset: to_u32(x.offset, "x offset")?,
-            y_stride: to_u32(y.stride, "y stride")?,
-            y_offset: to_u32(y.offset, "y offset")?,
-            slots: to_u32(slots, "slots")?,
-            x_per_item: x_per_item as u32,
-            expert_first: to_u32(part.first_row / w.rows_per_unit, "expert")?,
-            expert_count: to_u32(part.n_rows / w.rows_per_unit, "experts")?,
-            rows_per_wg: to_u32(rows_per_wg, "rows per workgroup")?,
-        };
-        let mut bindings = vec![
-            (0, &part.buffer),
-            (1, &*x.buf.buffer),
-            (2, &*y.buf.buffer),
-            (3, &*ids.buffer),
-        ];
-        let grid = grid_buffer(ctx, w.ty)?;
-        if let Some(g) = &grid {
-            bindings.push((4, &**g));
-        }
-        let gx = to_u32(w.rows_per_unit.div_ceil(rows_per_wg), "grid x")?;
-        rec.push(
-            ctx,
-            &key,
-            &bindings,
-            bytemuck::bytes_of(&params),
-            [gx, gy, gz],
-        )?;
-    }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-/// Dequantize rows `ids[i]` (global row numbers) into `out[i]`, repeated `reps` times
-/// `rep_stride` apart (the embedding lookup writes each token's row into all HC streams).
-pub fn get_rows(
-    ctx: &GpuContext,
-    rec: &mut Recorder,
-    w: &GpuWeight,
-    ids: &GpuBuf,
-    items: usize,
-    out: View,
-    reps: usize,
-    rep_stride: usize,
-) -> Result<(), GpuError> {
-    if ids.len < items || reps == 0 {
-        return Err(GpuError::BadArgs(format!(
-            "get_rows {}: {items} items, {} ids",
-            w.name, ids.len
-        )));
-    }
-    out.check(
-        items,
-        (reps - 1) * rep_stride + w.row_len,
-        &format!("get_rows {} output", w.name),
-    )?;
-    let key = grid_key("matvec", w.ty, "get_rows");
-    let (gy, gz) = item_grid(items);
-    let chunks = w.row_len / 32;
-    for part in &w.parts {
-        let params = MatvecParams {
-            rows: to_u32(part.n_rows, "rows")?,
-            k: to_u32(w.row_len, "k")?,
-            row_bytes: to_u32(w.row_bytes, "row bytes")?,
-            items: to_u32(items, "items")?,
-            x_stride: to_u32(reps, "reps")?,
-            x_offset: to_u32(rep_stride, "rep stride")?,
-            y_stride: to_u32(out.stride, "out stride")?,
-            y_offset: to_u32(part.first_row, "first row")?,
-            ..Default::default()
-        };
-        // get_rows writes at `item * y_stride + ...` from element 0: fold the view offset in by
-        // binding from the start and requiring offset 0.
-        if out.offset != 0 {
-            return Err(GpuError::BadArgs(
-                "get_rows output view must start at 0".into(),
-            ));
-        }
-        let mut bindings = vec![(0, &part.buffer), (2, &*out.buf.buffer), (3, &*ids.buffer)];
-        let grid = grid_buffer(ctx, w.ty)?;
-        if let Some(g) = &grid {
-            bindings.push((4, &**g));
-        }
-        let gx = to_u32(chunks.div_ceil(64), "grid x")?;
-        rec.push(
-            ctx,
-            &key,
-            &bindings,
-            bytemuck::bytes_of(&params),
-            [gx, gy, gz],
-        )?;
-    }
-    Ok(())
-}
-
-fn grid_buffer(ctx: &GpuContext, ty: GgmlType) -> Result<Option<Arc<wgpu::Buffer>>, GpuError> {
-    ctx.grid_buffer(ty)
-}
+pub use super::matvec::{
+    Store, XForm, get_rows, matvec, matvec_expert, matvec_expert_with, matvec_with,
+};

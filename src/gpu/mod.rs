@@ -10,8 +10,11 @@ pub mod buffers;
 pub mod device;
 pub mod iq_grids;
 pub mod kernels;
+pub mod layout;
+pub mod matvec;
 pub mod ops;
 pub mod pipelines;
+pub mod proj;
 pub mod shaders;
 pub mod tiered;
 

@@ -687,10 +687,18 @@ pub fn qsa_select(
     )
 }
 
-/// Most keys one query may attend to on the GPU (workgroup storage).
+/// Most keys one query may attend to on the GPU (sizes the attention partials).
 pub const QSA_MAX_KEYS: usize = 2560;
+/// Keys per attention chunk (shaders/qsa.wgsl `ATT_CHUNK`).
+pub const QSA_CHUNK: usize = 256;
 
-/// Attention over the selected keys, with the sigmoid output gate.
+/// Floats of attention partials a chunk of `tokens` queries needs (see [`qsa_attend`]).
+pub fn qsa_partials_len(tokens: usize, heads: usize, hd: usize) -> usize {
+    tokens * heads * QSA_MAX_KEYS.div_ceil(QSA_CHUNK) * (hd + 2)
+}
+
+/// Attention over the selected keys, with the sigmoid output gate: partial softmax per chunk of
+/// keys into `partials`, then the chunks merged in order (two dispatches).
 #[allow(clippy::too_many_arguments)]
 pub fn qsa_attend(
     ctx: &GpuContext,
@@ -700,11 +708,18 @@ pub fn qsa_attend(
     keys: &GpuBuf,
     values: &GpuBuf,
     selected: &GpuBuf,
+    partials: &GpuBuf,
     out: &GpuBuf,
 ) -> Result<(), GpuError> {
     let t = params.tokens as usize;
     let h = params.heads as usize;
     let hd = params.hd as usize;
+    let chunks = QSA_MAX_KEYS.div_ceil(QSA_CHUNK);
+    need(partials, qsa_partials_len(t, h, hd), "qsa partials")?;
+    let params = QsaParams {
+        max_blocks: u(chunks)?,
+        ..*params
+    };
     if params.dense != 0 && params.pos0 as usize + t > QSA_MAX_KEYS {
         return Err(GpuError::Unsupported(format!(
             "dense attention past {QSA_MAX_KEYS} tokens on the GPU"
@@ -720,9 +735,21 @@ pub fn qsa_attend(
             (7, &*keys.buffer),
             (8, &*values.buffer),
             (9, &*selected.buffer),
-            (10, &*out.buffer),
+            (11, &*partials.buffer),
         ],
-        bytemuck::bytes_of(params),
+        bytemuck::bytes_of(&params),
+        [u(h)?, u(chunks)?, u(t)?],
+    )?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("qsa", "qsa_merge"),
+        &[
+            (6, &*queries.buffer),
+            (9, &*selected.buffer),
+            (10, &*out.buffer),
+            (11, &*partials.buffer),
+        ],
+        bytemuck::bytes_of(&params),
         [u(h)?, u(t)?, 1],
     )
 }
@@ -750,7 +777,7 @@ pub fn moe_router(
             (1, &*ids.buffer),
             (2, &*weights.buffer),
         ],
-        &words(&[u(tokens)?, u(n_expert)?, u(k)?, 0, 0]),
+        &words(&[u(tokens)?, u(n_expert)?, u(k)?, 0, 0, 0]),
         // One workgroup per token (grid x wraps at 65535 into y, as the shader expects).
         [u(tokens.min(65535))?, u(tokens.div_ceil(65535))?, 1],
     )
@@ -790,7 +817,51 @@ pub fn moe_combine(
             (6, &*sg.buffer),
             (7, &*y.buffer),
         ],
-        &words(&[u(tokens)?, 0, u(k)?, u(h)?, has]),
+        &words(&[u(tokens)?, 0, u(k)?, u(h)?, has, 0]),
+        [u(h.div_ceil(64))?, u(tokens)?, 1],
+    )
+}
+
+/// [`moe_combine`] added into the wide residual (`hc` streams of `h`) with the injection weights
+/// of `inject`, as [`hc_combine`] adds a block output.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine_hc(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    expert_out: &GpuBuf,
+    weights: &GpuBuf,
+    shared: Option<(&GpuBuf, &GpuBuf)>,
+    wide: &GpuBuf,
+    inject: &GpuBuf,
+    h: usize,
+    hc: usize,
+    k: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(expert_out, tokens * k * h, "expert outputs")?;
+    need(weights, tokens * k, "routing weights")?;
+    need(wide, tokens * h * hc, "residual")?;
+    need(inject, tokens * hc, "injection logits")?;
+    let (sh, sg, has) = match shared {
+        Some((sh, sg)) => {
+            need(sh, tokens * h, "shared expert output")?;
+            need(sg, tokens, "shared gate")?;
+            (sh, sg, 1)
+        }
+        None => (weights, weights, 0),
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("moe", "moe_combine_hc"),
+        &[
+            (3, &*expert_out.buffer),
+            (4, &*weights.buffer),
+            (5, &*sh.buffer),
+            (6, &*sg.buffer),
+            (7, &*wide.buffer),
+            (8, &*inject.buffer),
+        ],
+        &words(&[u(tokens)?, 0, u(k)?, u(h)?, has, u(hc)?]),
         [u(h.div_ceil(64))?, u(tokens)?, 1],
     )
 }

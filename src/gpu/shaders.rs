@@ -13,6 +13,9 @@ const IQ_COMMON: &str = include_str!("../../shaders/quant/iq_common.wgsl");
 const ROWDOT_GROUP: &str = include_str!("../../shaders/quant/rowdot_group.wgsl");
 const ROWDOT_CHUNK: &str = include_str!("../../shaders/quant/rowdot_chunk.wgsl");
 const GENERIC_DQ_CHUNK: &str = include_str!("../../shaders/quant/chunk_regs.wgsl");
+// Row bodies (and get_rows) of the mat-vec: split layouts (src/gpu/layout.rs) and GGUF blocks.
+const ROWS_SPLIT: &str = include_str!("../../shaders/quant/rows_split.wgsl");
+const ROWS_BLOCK: &str = include_str!("../../shaders/quant/rows_block.wgsl");
 const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: array<u32>;\n";
 
 /// Weight formats the GPU kernels can read, with the WGSL file that dequantizes them.
@@ -58,18 +61,12 @@ pub fn needs_grid(ty: GgmlType) -> bool {
     )
 }
 
-/// The mat-vec row body for a type, picked per type from H200 measurements (10240x2560): lanes
-/// along the row (`dq8`) for the types where it was fastest (F32 150 -> 539 GB/s, IQ4_NL 142 ->
-/// 251, Q8_0 851 -> 1109); a lane per chunk with a register `dq_chunk` for IQ3_S and Q5_K, whose
+/// The mat-vec row body for the types without a split layout: lanes along the row (`dq8`) for the
+/// float types; a lane per chunk with a register `dq_chunk` for IQ3_S and Q5_K, whose
 /// block headers would otherwise be decoded once per 8 values; the generic chunk path for the rest.
 fn row_body(ty: GgmlType) -> String {
     match ty {
-        GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::BF16
-        | GgmlType::Q8_0
-        | GgmlType::IQ4_NL
-        | GgmlType::Q6_K => ROWDOT_GROUP.to_string(),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ROWDOT_GROUP.to_string(),
         GgmlType::IQ3_S | GgmlType::Q5_K => ROWDOT_CHUNK.to_string(),
         _ => format!("{GENERIC_DQ_CHUNK}\n{ROWDOT_CHUNK}"),
     }
@@ -115,8 +112,20 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 String::new()
             };
-            let rows = row_body(ty);
-            Ok(format!("{body}\n{grid}{QUANT_COMMON}\n{quant}\n{rows}"))
+            let rows = if super::layout::split_d(ty).is_some() {
+                ROWS_SPLIT.to_string()
+            } else {
+                format!("{}\n{ROWS_BLOCK}", row_body(ty))
+            };
+            // Types without a workgroup codebook get an empty prologue (shaders/matvec.wgsl).
+            let prologue = if quant.contains("fn prologue(") {
+                ""
+            } else {
+                "fn prologue(lid: u32) {}\n"
+            };
+            Ok(format!(
+                "{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}"
+            ))
         }
     }
 }

@@ -34,6 +34,7 @@ use crate::tiers::{
 };
 
 use super::buffers::{GpuWeight, WeightPart};
+use super::layout;
 use super::{GpuContext, GpuError};
 
 /// Plan limits of this adapter: its real binding limit and alignment, one sequence, and work
@@ -151,30 +152,51 @@ fn empty_arena(
             "one expert of {unit_bytes} bytes exceeds the binding limit of {limit} bytes"
         )));
     }
-    let units_per_part = (limit / unit_bytes).max(1);
+    let split = layout::split_d(shape.ty);
+    let blocks = shape.row_len / block;
+    if split.is_some() && !(shape.rows * blocks).is_multiple_of(2) {
+        return Err(bad(format!(
+            "one expert has an odd number of {} blocks, so its scales cannot be uploaded into a \
+             slot; run without --vram-budget (every expert resident)",
+            shape.ty.name()
+        )));
+    }
+    let units_per_part = (limit.saturating_sub(32) / unit_bytes).max(1);
     let mut parts = Vec::new();
     let mut unit = 0;
     while unit < n_slots {
         let count = units_per_part.min(n_slots - unit);
+        let rows = count * shape.rows;
+        let (size, d_base) = match split {
+            Some(sd) => (
+                layout::split_part_bytes(sd, blocks, rows),
+                layout::split_sizes(sd, blocks, rows).1,
+            ),
+            None => (count * unit_bytes, 0),
+        };
         let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(name),
-            size: (count * unit_bytes) as u64,
+            size: size as u64,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         parts.push(WeightPart {
             buffer,
             first_row: unit * shape.rows,
-            n_rows: count * shape.rows,
+            n_rows: rows,
+            d_base,
         });
         unit += count;
     }
+    let row_stride = split.map_or(row_bytes, |sd| blocks * sd.body_bytes());
     Ok(GpuWeight {
         name: name.to_string(),
         ty: shape.ty,
         row_len: shape.row_len,
         n_rows: n_slots * shape.rows,
         row_bytes,
+        row_stride,
+        split,
         rows_per_unit: shape.rows,
         parts,
     })
@@ -201,8 +223,31 @@ fn write_slot(
         .iter()
         .find(|p| row >= p.first_row && row < p.first_row + p.n_rows)
         .ok_or_else(|| GpuError::BadArgs(format!("{}: no slot {slot}", arena.name)))?;
-    let offset = (row - part.first_row) * arena.row_bytes;
-    ctx.queue.write_buffer(&part.buffer, offset as u64, bytes);
+    let local = row - part.first_row;
+    match arena.split {
+        Some(sd) => {
+            // One unit in the split layout: its body rows, then its d rows (see gpu::layout).
+            let blocks = arena.row_len / arena.ty.block_size();
+            let rows = arena.rows_per_unit;
+            let packed = layout::split_rows(sd, blocks, rows, bytes);
+            let (body_row, d_base) = layout::split_sizes(sd, blocks, rows);
+            let d_len = rows * blocks * 2;
+            ctx.queue.write_buffer(
+                &part.buffer,
+                (local * arena.row_stride) as u64,
+                &packed[..body_row * rows],
+            );
+            ctx.queue.write_buffer(
+                &part.buffer,
+                (part.d_base + local * blocks * 2) as u64,
+                &packed[d_base..d_base + d_len],
+            );
+        }
+        None => {
+            let offset = local * arena.row_bytes;
+            ctx.queue.write_buffer(&part.buffer, offset as u64, bytes);
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device run on the lent GPU machine (see ../shared/docs/gpu-notes.md): correctness first
+# (oracle and determinism), then the mat-vec roofline and the 48-layer synthetic model bench.
+# Expects, carried from the development machine: .gl (Vulkan loader debs), .devbin/strata (release
+# build), .devdata/tiny (oracle fixture subset) and .devdata/tools (oracle_check.py, the synthetic
+# model writer). Writes logs and JSON under $OUT.
+#   STAGES="oracle matvec model" (default all), LAYERS=48, SKEW=0, EXTRA_BENCH="...".
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+STAGES="${STAGES:-oracle matvec model}"
+LAYERS="${LAYERS:-48}"
+SKEW="${SKEW:-0}"
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+S=./.devbin/strata
+export PYTHONUNBUFFERED=1
+"$S" inspect --gpus 2>&1 | head -5
+
+if [[ " $STAGES " == *" oracle "* ]]; then
+    echo "== oracle (GPU, tolerance 1e-3)"
+    python3 .devdata/tools/oracle_check.py --strata "$S" --fixture .devdata/tiny \
+        --types F16,Q6_K,IQ3_S --backend gpu --tol 1e-3 2>&1 | tail -4 | tee "$OUT/oracle.txt"
+    echo "== determinism: p300 logits over prefill chunk sizes, two processes each"
+    ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('.devdata/tiny/prompts.json'))['p300'])))")
+    for chunk in 1 7 64 300; do
+        for run in 1 2; do
+            "$S" logits --model .devdata/tiny/tiny-IQ3_S.gguf --ids "$ids" --all --backend gpu \
+                --prefill-chunk "$chunk" --out "/tmp/l.$chunk.$run.npy" >/dev/null 2>&1
+            md5sum "/tmp/l.$chunk.$run.npy" | cut -c1-32
+        done
+    done | sort | uniq -c | tee "$OUT/determinism.txt"
+fi
+
+if [[ " $STAGES " == *" matvec "* ]]; then
+    echo "== mat-vec roofline"
+    "$S" bench --synthetic matvec --quant "${MATVEC_TYPES:-F32,Q8_0,Q6_K,IQ4_NL,IQ3_S}" \
+        --json "$OUT/matvec.json" 2>&1 | grep -v '^[{}" ]' | tee "$OUT/matvec.txt"
+fi
+
+if [[ " $STAGES " == *" model "* ]]; then
+    echo "== synthetic model: $LAYERS layers, router skew $SKEW"
+    python3 .devdata/tools/make_synthetic_full.py /tmp/f.gguf --layers "$LAYERS" \
+        --router-skew "$SKEW" >/dev/null 2>&1 || { echo "synthetic model failed"; exit 1; }
+    "$S" bench --model /tmp/f.gguf --prefill "${PREFILL:-512,4096}" --decode "${DECODE:-64}" \
+        ${EXTRA_BENCH:-} --json "$OUT/model.json" 2>&1 | grep -v '^[{}" ]' | tee "$OUT/model.txt"
+fi

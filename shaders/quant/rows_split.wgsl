@@ -1,0 +1,173 @@
+// Row body for the split layouts (src/gpu/layout.rs: block bodies on 16-byte boundaries, f16
+// scales in a plane of their own), used by shaders/matvec.wgsl. The type's quant/<type>.wgsl
+// supplies the task interface:
+//   TASKS_PER_BLOCK             32-value tasks per block
+//   task_x(t) -> vec2<u32>      first x index of the task's two 16-value segments (row-relative)
+//   task_w(body, d, t) -> Task  the segments' integer codes as exact f32 and one scale each
+//
+// Reduction order (fixed): lane l of a subgroup takes tasks l, l+S, l+2S, ... of its row in order.
+// A task's value is fma(sb, Σb, sa * Σa), each Σ a sequential fma over its 16 codes times x in
+// index order; the lane adds its task values in order, then `subgroupAdd` combines the lanes.
+
+// The same buffer as W, for aligned 16-byte loads of block bodies.
+@group(0) @binding(5) var<storage, read> W4: array<vec4<u32>>;
+
+// A task's codes (16 + 16 values, as exact f32 integers) and the scale of each 16-value segment.
+struct Task {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    b0: vec4<f32>,
+    b1: vec4<f32>,
+    b2: vec4<f32>,
+    b3: vec4<f32>,
+    sa: f32,
+    sb: f32,
+}
+
+// 16 x values of one segment.
+struct Seg {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+}
+
+fn load_seg(first: u32) -> Seg {
+    let i = first >> 2u;
+    return Seg(load_x4(i), load_x4(i + 1u), load_x4(i + 2u), load_x4(i + 3u));
+}
+
+fn fma4(w: vec4<f32>, x: vec4<f32>, acc: f32) -> f32 {
+    var a = acc;
+    a = fma(w.x, x.x, a);
+    a = fma(w.y, x.y, a);
+    a = fma(w.z, x.z, a);
+    a = fma(w.w, x.w, a);
+    return a;
+}
+
+fn task_dot(t: Task, xa: Seg, xb: Seg) -> f32 {
+    var sa = fma4(t.a0, xa.v0, 0.0);
+    sa = fma4(t.a1, xa.v1, sa);
+    sa = fma4(t.a2, xa.v2, sa);
+    sa = fma4(t.a3, xa.v3, sa);
+    var sb = fma4(t.b0, xb.v0, 0.0);
+    sb = fma4(t.b1, xb.v1, sb);
+    sb = fma4(t.b2, xb.v2, sb);
+    sb = fma4(t.b3, xb.v3, sb);
+    return fma(t.sb, sb, t.sa * sa);
+}
+
+// Exact f32 of the 4 bytes of `w` minus `bias`, by the exponent trick: 2^23 + byte, less 2^23.
+fn bytes_f32(w: u32, bias: f32) -> vec4<f32> {
+    let b = (vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(0xffu)) | vec4<u32>(0x4b000000u);
+    return bitcast<vec4<f32>>(b) - vec4<f32>(8388608.0 + bias);
+}
+
+// The f16 scale at even byte address `b` of the scale plane (branch-free).
+fn d_f16(b: u32) -> f32 {
+    return unpack2x16float(W[b >> 2u] >> ((b & 2u) << 3u)).x;
+}
+
+fn row_d(row: u32) -> u32 {
+    return p.d_base + row * (p.k / QK) * 2u;
+}
+
+// Task t of one row against up to TILE vectors (components past `n_items` stay 0).
+fn row_task(row: u32, t: u32, xo: vec2<u32>, xa: Seg, xb: Seg, x_base: u32,
+            n_items: u32) -> vec4<f32> {
+    let w = task_w(row * p.row_bytes, row_d(row), t);
+    var v = vec4<f32>(task_dot(w, xa, xb), 0.0, 0.0, 0.0);
+    if (ITEMS > 1u) {
+        let o = x_base + p.x_stride;
+        v.y = task_dot(w, load_seg(o + xo.x), load_seg(o + xo.y));
+    }
+    if (ITEMS > 2u) {
+        let o = x_base + 2u * p.x_stride;
+        v.z = task_dot(w, load_seg(o + xo.x), load_seg(o + xo.y));
+    }
+    if (ITEMS > 3u) {
+        let o = x_base + 3u * p.x_stride;
+        v.w = task_dot(w, load_seg(o + xo.x), load_seg(o + xo.y));
+    }
+    return v;
+}
+
+// Rows row0 + r * row_step (part-relative; r < n_rows <= ROWS) against `n_items` vectors from
+// `x_base`; results of row r in acc.r<r> (one component per vector) after the subgroup reduction.
+// Rows past n_rows repeat the last row (read, never stored) rather than branching. Everything is
+// in named registers: no dynamically indexed array, which drivers place in slow local memory.
+fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, lane: u32,
+            sg_size: u32) -> Acc {
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    let last = n_rows - 1u;
+    let tasks = (p.k / QK) * TASKS_PER_BLOCK;
+    for (var t = lane; t < tasks; t += sg_size) {
+        let xo = task_x(t);
+        let xa = load_seg(x_base + xo.x);
+        let xb = load_seg(x_base + xo.y);
+        a0 += row_task(row0, t, xo, xa, xb, x_base, n_items);
+        if (ROWS > 1u) {
+            a1 += row_task(row0 + min(1u, last) * row_step, t, xo, xa, xb, x_base, n_items);
+        }
+        if (ROWS > 2u) {
+            a2 += row_task(row0 + min(2u, last) * row_step, t, xo, xa, xb, x_base, n_items);
+        }
+        if (ROWS > 3u) {
+            a3 += row_task(row0 + min(3u, last) * row_step, t, xo, xa, xb, x_base, n_items);
+        }
+    }
+    return Acc(reduce_items(a0, n_items), reduce_items(a1, n_items), reduce_items(a2, n_items),
+               reduce_items(a3, n_items));
+}
+
+// Row gather with dequantization (embedding lookup, and the dequant test): for item i, row IDS[i]
+// (global row id; rows outside this part are skipped) is written `reps` times, `rep_stride` apart.
+// Reuses the Params fields: rows = rows in this part, y_offset = first global row of this part,
+// x_stride = reps, x_offset = rep_stride. One invocation per task; a value is its scale times its
+// code, exactly the GGUF dequantization.
+const GET_ROWS_WG: u32 = 64u;
+
+fn put4(base: u32, v: vec4<f32>) {
+    Y[base] = v.x;
+    Y[base + 1u] = v.y;
+    Y[base + 2u] = v.z;
+    Y[base + 3u] = v.w;
+}
+
+@compute @workgroup_size(GET_ROWS_WG)
+fn get_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    prologue(lid.x);
+    workgroupBarrier();
+    let item = wg.y + wg.z * 65535u;
+    if (item >= p.items) {
+        return;
+    }
+    let global_row = IDS[item];
+    if (global_row < p.y_offset || global_row >= p.y_offset + p.rows) {
+        return;
+    }
+    let row = global_row - p.y_offset;
+    let t = wg.x * GET_ROWS_WG + lid.x;
+    if (t >= (p.k / QK) * TASKS_PER_BLOCK) {
+        return;
+    }
+    let w = task_w(row * p.row_bytes, row_d(row), t);
+    let xo = task_x(t);
+    for (var rep = 0u; rep < p.x_stride; rep++) {
+        let base = item * p.y_stride + rep * p.x_offset;
+        put4(base + xo.x, w.sa * w.a0);
+        put4(base + xo.x + 4u, w.sa * w.a1);
+        put4(base + xo.x + 8u, w.sa * w.a2);
+        put4(base + xo.x + 12u, w.sa * w.a3);
+        put4(base + xo.y, w.sb * w.b0);
+        put4(base + xo.y + 4u, w.sb * w.b1);
+        put4(base + xo.y + 8u, w.sb * w.b2);
+        put4(base + xo.y + 12u, w.sb * w.b3);
+    }
+}

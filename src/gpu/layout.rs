@@ -1,0 +1,147 @@
+//! How a weight's blocks are laid out in VRAM.
+//!
+//! Most types are uploaded in their GGUF block format as they are. A few are **split** on upload:
+//! each block's f16 scale `d` moves to a plane of its own after all the blocks' other bytes, so the
+//! remaining block body is a multiple of 16 bytes and the mat-vec can read it with aligned 16-byte
+//! loads (GGUF blocks of 34 or 210 bytes are only 2-byte aligned). Only the place of the bytes
+//! changes, never a value: the kernels dequantize exactly what the GGUF block holds.
+//!
+//! A part of `n` rows of a split type is `[n bodies rows][n d rows]`: row `r`'s body starts at
+//! byte `r * body_row_bytes`, its scales at `d_base + r * blocks_per_row * 2`.
+
+use crate::gguf::types::GgmlType;
+
+/// Where a split type keeps its f16 scale inside a GGUF block, and the block's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitD {
+    /// Byte offset of the f16 `d` inside the GGUF block.
+    pub d_offset: usize,
+    /// GGUF block size in bytes.
+    pub block_bytes: usize,
+}
+
+impl SplitD {
+    /// Bytes of a block without its `d`.
+    pub fn body_bytes(&self) -> usize {
+        self.block_bytes - 2
+    }
+
+    /// Whether block bodies sit on 16-byte boundaries, so the kernel reads them as vec4 (binding
+    /// `W4`); otherwise it reads words.
+    pub fn vec4_bodies(&self) -> bool {
+        self.body_bytes().is_multiple_of(16)
+    }
+}
+
+/// The split layout of `ty`, or `None` when it is uploaded as GGUF blocks.
+pub fn split_d(ty: GgmlType) -> Option<SplitD> {
+    match ty {
+        GgmlType::Q8_0 => Some(SplitD {
+            d_offset: 0,
+            block_bytes: 34,
+        }),
+        GgmlType::Q6_K => Some(SplitD {
+            d_offset: 208,
+            block_bytes: 210,
+        }),
+        GgmlType::IQ4_NL => Some(SplitD {
+            d_offset: 0,
+            block_bytes: 18,
+        }),
+        GgmlType::IQ3_S => Some(SplitD {
+            d_offset: 0,
+            block_bytes: 110,
+        }),
+        _ => None,
+    }
+}
+
+/// Byte sizes of a part of `n_rows` rows of `blocks_per_row` blocks each in the split layout:
+/// (body bytes per row, offset of the d plane).
+pub fn split_sizes(split: SplitD, blocks_per_row: usize, n_rows: usize) -> (usize, usize) {
+    let body_row = blocks_per_row * split.body_bytes();
+    // The d plane starts on a 16-byte boundary, like everything a kernel reads as vec4.
+    let d_base = (body_row * n_rows).div_ceil(16) * 16;
+    (body_row, d_base)
+}
+
+/// Total bytes of a part of `n_rows` rows in the split layout (padded to 16).
+pub fn split_part_bytes(split: SplitD, blocks_per_row: usize, n_rows: usize) -> usize {
+    let (_, d_base) = split_sizes(split, blocks_per_row, n_rows);
+    (d_base + n_rows * blocks_per_row * 2).div_ceil(16) * 16
+}
+
+/// Rearrange `data` (whole GGUF rows) into the split layout of a part of `n_rows` rows.
+pub fn split_rows(split: SplitD, blocks_per_row: usize, n_rows: usize, data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; split_part_bytes(split, blocks_per_row, n_rows)];
+    write_split_rows(split, blocks_per_row, n_rows, 0, data, &mut out);
+    out
+}
+
+/// Write rows `first_row..` (as many as `data` holds) of a split part of `n_rows` rows into `out`,
+/// which holds the whole part.
+pub fn write_split_rows(
+    split: SplitD,
+    blocks_per_row: usize,
+    n_rows: usize,
+    first_row: usize,
+    data: &[u8],
+    out: &mut [u8],
+) {
+    let (body_row, d_base) = split_sizes(split, blocks_per_row, n_rows);
+    let body = split.body_bytes();
+    let first_block = first_row * blocks_per_row;
+    for (i, block) in data.chunks_exact(split.block_bytes).enumerate() {
+        let b = first_block + i;
+        let dst = b * body;
+        let (before, rest) = block.split_at(split.d_offset);
+        let (d, after) = rest.split_at(2);
+        out[dst..dst + before.len()].copy_from_slice(before);
+        out[dst + before.len()..dst + body].copy_from_slice(after);
+        out[d_base + 2 * b..d_base + 2 * b + 2].copy_from_slice(d);
+    }
+    debug_assert!(body_row * n_rows <= d_base);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_moves_only_d() {
+        let split = SplitD {
+            d_offset: 208,
+            block_bytes: 210,
+        };
+        let data: Vec<u8> = (0..210 * 6).map(|i| (i * 7 % 251) as u8).collect();
+        let out = split_rows(split, 2, 3, &data);
+        let (body_row, d_base) = split_sizes(split, 2, 3);
+        assert_eq!(body_row, 416);
+        assert_eq!(d_base % 16, 0);
+        for b in 0..6 {
+            assert_eq!(&out[b * 208..b * 208 + 208], &data[b * 210..b * 210 + 208]);
+            assert_eq!(
+                &out[d_base + 2 * b..d_base + 2 * b + 2],
+                &data[b * 210 + 208..b * 210 + 210]
+            );
+        }
+    }
+
+    #[test]
+    fn split_with_leading_d() {
+        let split = split_d(GgmlType::Q8_0).unwrap_or(SplitD {
+            d_offset: 0,
+            block_bytes: 34,
+        });
+        let data: Vec<u8> = (0..34 * 4).map(|i| (i % 253) as u8).collect();
+        let out = split_rows(split, 4, 1, &data);
+        let (_, d_base) = split_sizes(split, 4, 1);
+        for b in 0..4 {
+            assert_eq!(&out[b * 32..b * 32 + 32], &data[b * 34 + 2..b * 34 + 34]);
+            assert_eq!(
+                &out[d_base + 2 * b..d_base + 2 * b + 2],
+                &data[b * 34..b * 34 + 2]
+            );
+        }
+    }
+}

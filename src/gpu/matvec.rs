@@ -1,0 +1,524 @@
+//! Launchers of `shaders/matvec.wgsl`: the dequantizing mat-vec in all its forms. Every form runs
+//! the same row body (`quant/rows_split.wgsl` or `quant/rows_block.wgsl`), so a row's bits never
+//! depend on which form computed it, on the batch, or on the rows beside it. The forms fuse what
+//! a layer does around a mat-vec into the one dispatch:
+//!
+//! * [`XForm`]: the input vector transformed on load (SwiGLU of a gate|up vector, scaled SiLU);
+//! * [`Store::Segments`]: a concatenation of weights that share an input, each part of the output
+//!   going to its own buffer (one dispatch instead of one per weight);
+//! * [`Store::Mix`]: the hyper-connection mix of the gate rows (`hc.wgsl`'s `hc_mix_out`);
+//! * [`Store::Combine`]: the result added into the wide residual (`hc.wgsl`'s `hc_combine`).
+
+use super::buffers::{GpuBuf, GpuWeight, WeightPart};
+use super::kernels::{Recorder, View, item_grid, to_u32};
+use super::pipelines::PipelineKey;
+use super::{GpuContext, GpuError};
+
+/// Parameters of `shaders/matvec.wgsl` (must match its `Params`).
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatvecParams {
+    rows: u32,
+    k: u32,
+    row_bytes: u32,
+    items: u32,
+    x_stride: u32,
+    x_offset: u32,
+    y_stride: u32,
+    y_offset: u32,
+    slots: u32,
+    x_per_item: u32,
+    expert_first: u32,
+    expert_count: u32,
+    rows_per_wg: u32,
+    d_base: u32,
+    x_mode: u32,
+    x_half: u32,
+    x_scale: f32,
+    row_base: u32,
+    seg1: u32,
+    seg2: u32,
+    y1_offset: u32,
+    y1_stride: u32,
+    y2_offset: u32,
+    y2_stride: u32,
+    hc: u32,
+    h: u32,
+    item0: u32,
+}
+
+/// How the input vector is read.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum XForm {
+    #[default]
+    Plain,
+    /// `silu(x[i]) * x[i + half]`: the SwiGLU of a vector holding the gate then, `half` floats
+    /// later, the up projection.
+    Swiglu { half: usize },
+    /// `silu(x[i] * scale)`.
+    SiluScale(f32),
+}
+
+impl XForm {
+    fn mode(self) -> (u32, usize, f32) {
+        match self {
+            XForm::Plain => (0, 0, 0.0),
+            XForm::Swiglu { half } => (1, half, 0.0),
+            XForm::SiluScale(s) => (2, 0, s),
+        }
+    }
+
+    /// Floats of each input vector read for a row of `k` values.
+    fn width(self, k: usize) -> usize {
+        match self {
+            XForm::Swiglu { half } => half + k,
+            _ => k,
+        }
+    }
+}
+
+/// Where the rows go.
+#[derive(Clone, Copy)]
+pub enum Store<'a> {
+    /// Row r of vector i to `y[i][r]`.
+    Rows(View<'a>),
+    /// A weight made of concatenated matrices: rows `[0, first[1])` to `outs[0]`,
+    /// `[first[1], first[2])` to `outs[1]` and the rest to `outs[2]` (each from its own row 0).
+    Segments {
+        outs: [View<'a>; 3],
+        first: [usize; 3],
+    },
+    /// The rows are the `hc` streams' gates (row `s * h + i`): `out[i] = (1/hc) Σ_s
+    /// sigmoid(gate[s*h+i]) * normed[s*h+i]`, `normed` holding `hc * h` floats per vector.
+    Mix {
+        out: View<'a>,
+        normed: &'a GpuBuf,
+        h: usize,
+        hc: usize,
+    },
+    /// `wide[i][s*h + r] += 2 sigmoid(inject[i*hc + s] / hc) * y[r]` for every stream s.
+    Combine {
+        wide: &'a GpuBuf,
+        inject: &'a GpuBuf,
+        h: usize,
+        hc: usize,
+    },
+}
+
+/// Invocations per mat-vec workgroup (`STRATA_MATVEC_WG` overrides: 64, 128 or 256, for tuning).
+fn wg_size() -> usize {
+    std::env::var("STRATA_MATVEC_WG")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| [64, 128, 256].contains(n))
+        .unwrap_or(128)
+}
+const TILE: usize = 4;
+
+/// The adapter's subgroup size for sizing grids (32 when it reports none). Any actual size still
+/// computes every row: the kernels loop over their row groups by the real subgroup count.
+fn subgroup_size(ctx: &GpuContext) -> usize {
+    match ctx.adapter.subgroup_max_size {
+        0 => 32,
+        n => (n as usize).min(wg_size()),
+    }
+}
+
+/// Rows per subgroup: for the split layouts, enough workgroups to fill a large GPU before sharing
+/// x loads across rows (`STRATA_MATVEC_ROWS` overrides, for tuning); row pairs for the block
+/// layouts. A row's bits do not depend on it.
+fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
+    if w.split.is_none() {
+        return 2;
+    }
+    if let Some(n) = std::env::var("STRATA_MATVEC_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=4).contains(n))
+    {
+        return n;
+    }
+    match rows {
+        r if r >= 8192 => 4,
+        r if r >= 4096 => 2,
+        _ => 1,
+    }
+}
+
+/// The pipeline of `entry` for `w`, specialised (override constants) on the rows per subgroup,
+/// the vectors per tile and the input transform, so its row body has no data-dependent branch.
+fn key(
+    w: &GpuWeight,
+    entry: &'static str,
+    rows_per_sg: usize,
+    items: usize,
+    xform: XForm,
+) -> PipelineKey {
+    PipelineKey::new(format!("matvec:{}", w.ty.name()), entry)
+        .constant("ROWS", rows_per_sg as f64)
+        .constant("WG", wg_size() as f64)
+        .constant("ITEMS", items as f64)
+        .constant("X_MODE", xform.mode().0 as f64)
+}
+
+fn bindings<'a>(
+    w: &'a GpuWeight,
+    part: &'a WeightPart,
+    grid: &'a Option<std::sync::Arc<wgpu::Buffer>>,
+) -> Vec<(u32, &'a wgpu::Buffer)> {
+    let mut b = vec![(0, &part.buffer)];
+    if w.split.is_some_and(|s| s.vec4_bodies()) {
+        b.push((5, &part.buffer));
+    }
+    if let Some(g) = grid {
+        b.push((4, &**g));
+    }
+    b
+}
+
+fn base_params(
+    w: &GpuWeight,
+    part: &WeightPart,
+    x: View,
+    xform: XForm,
+    items: usize,
+) -> Result<MatvecParams, GpuError> {
+    let (x_mode, x_half, x_scale) = xform.mode();
+    Ok(MatvecParams {
+        rows: to_u32(part.n_rows, "rows")?,
+        k: to_u32(w.row_len, "k")?,
+        row_bytes: to_u32(w.row_stride, "row stride")?,
+        items: to_u32(items, "items")?,
+        x_stride: to_u32(x.stride, "x stride")?,
+        x_offset: to_u32(x.offset, "x offset")?,
+        d_base: to_u32(part.d_base, "d base")?,
+        x_mode,
+        x_half: to_u32(x_half, "x half")?,
+        x_scale,
+        row_base: to_u32(part.first_row, "first row")?,
+        seg1: u32::MAX,
+        seg2: u32::MAX,
+        ..Default::default()
+    })
+}
+
+fn check_input(w: &GpuWeight, x: View, xform: XForm, count: usize) -> Result<(), GpuError> {
+    x.check(
+        count,
+        xform.width(w.row_len),
+        &format!("matvec {} input", w.name),
+    )?;
+    x.check_vec4(&w.name)?;
+    if let XForm::Swiglu { half } = xform
+        && !half.is_multiple_of(4)
+    {
+        return Err(GpuError::BadArgs(format!(
+            "matvec {}: SwiGLU half {half} must be a multiple of 4",
+            w.name
+        )));
+    }
+    Ok(())
+}
+
+/// y[i][r] = W[r] . x[i] for `items` vectors.
+pub fn matvec(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    x: View,
+    y: View,
+    items: usize,
+) -> Result<(), GpuError> {
+    matvec_with(ctx, rec, w, x, XForm::Plain, Store::Rows(y), items)
+}
+
+/// The mat-vec of `items` vectors with an input transform and a store form (module docs).
+pub fn matvec_with(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    x: View,
+    xform: XForm,
+    store: Store,
+    items: usize,
+) -> Result<(), GpuError> {
+    check_input(w, x, xform, items)?;
+    let sg = subgroup_size(ctx);
+    let grid = ctx.grid_buffer(w.ty)?;
+    // Full tiles of TILE vectors, then the remainder as tiles of its own size.
+    let full = items / TILE * TILE;
+    let runs = [(0, full, TILE), (full, items - full, items - full)];
+    for part in &w.parts {
+        let mut params = base_params(w, part, x, xform, items)?;
+        let mut b = bindings(w, part, &grid);
+        b.push((1, &*x.buf.buffer));
+        let (entry, per_sg, groups) = match store {
+            Store::Rows(y) => {
+                y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
+                params.y_stride = to_u32(y.stride, "y stride")?;
+                params.y_offset = to_u32(y.offset + part.first_row, "y offset")?;
+                b.push((2, &*y.buf.buffer));
+                let per_sg = rows_per_subgroup(w, w.n_rows);
+                ("matvec", per_sg, part.n_rows.div_ceil(per_sg))
+            }
+            Store::Segments { outs, first } => {
+                segment_params(w, &mut params, outs, first, items)?;
+                b.push((2, &*outs[0].buf.buffer));
+                b.push((6, &*outs[1].buf.buffer));
+                b.push((7, &*outs[2].buf.buffer));
+                let per_sg = rows_per_subgroup(w, w.n_rows);
+                ("matvec_seg", per_sg, part.n_rows.div_ceil(per_sg))
+            }
+            Store::Mix { out, normed, h, hc } => {
+                if w.parts.len() != 1 || w.n_rows != h * hc || !(1..=4).contains(&hc) {
+                    return Err(GpuError::BadArgs(format!(
+                        "matvec {}: mixing needs one part of {hc} x {h} rows (1 to 4 streams)",
+                        w.name
+                    )));
+                }
+                out.check(items, h, &format!("matvec {} mix output", w.name))?;
+                need_floats(normed, items * h * hc, "mix normed streams")?;
+                params.y_stride = to_u32(out.stride, "y stride")?;
+                params.y_offset = to_u32(out.offset, "y offset")?;
+                params.h = to_u32(h, "h")?;
+                params.hc = to_u32(hc, "hc")?;
+                b.push((2, &*out.buf.buffer));
+                b.push((8, &*normed.buffer));
+                // One subgroup per value i (its hc gate rows).
+                ("matvec_mix", hc, h)
+            }
+            Store::Combine {
+                wide,
+                inject,
+                h,
+                hc,
+            } => {
+                if w.n_rows != h {
+                    return Err(GpuError::BadArgs(format!(
+                        "matvec {}: {} rows cannot be combined into streams of {h}",
+                        w.name, w.n_rows
+                    )));
+                }
+                need_floats(wide, items * h * hc, "combine residual")?;
+                need_floats(inject, items * hc, "combine injection")?;
+                params.h = to_u32(h, "h")?;
+                params.hc = to_u32(hc, "hc")?;
+                b.push((2, &*wide.buffer));
+                b.push((8, &*inject.buffer));
+                let per_sg = rows_per_subgroup(w, w.n_rows);
+                ("matvec_combine", per_sg, part.n_rows.div_ceil(per_sg))
+            }
+        };
+        // Row groups (of `per_sg` rows) per workgroup: one per subgroup.
+        let per_wg = (wg_size() / sg).max(1);
+        params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
+        let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
+        for &(item0, count, tile) in &runs {
+            if count == 0 {
+                continue;
+            }
+            params.item0 = to_u32(item0, "first item")?;
+            let (gy, gz) = item_grid(count / tile);
+            rec.push(
+                ctx,
+                &key(w, entry, per_sg, tile, xform),
+                &b,
+                bytemuck::bytes_of(&params),
+                [gx, gy, gz],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn need_floats(b: &GpuBuf, n: usize, what: &str) -> Result<(), GpuError> {
+    if b.len < n {
+        return Err(GpuError::BadArgs(format!(
+            "{what}: {n} floats needed, buffer holds {}",
+            b.len
+        )));
+    }
+    Ok(())
+}
+
+fn segment_params(
+    w: &GpuWeight,
+    params: &mut MatvecParams,
+    outs: [View; 3],
+    first: [usize; 3],
+    items: usize,
+) -> Result<(), GpuError> {
+    if first[0] != 0 || first[1] > first[2] || first[2] > w.n_rows {
+        return Err(GpuError::BadArgs(format!(
+            "matvec {}: bad segments {first:?} of {} rows",
+            w.name, w.n_rows
+        )));
+    }
+    let ends = [first[1], first[2], w.n_rows];
+    for (s, out) in outs.iter().enumerate() {
+        out.check(
+            items,
+            ends[s] - first[s],
+            &format!("matvec {} segment {s}", w.name),
+        )?;
+    }
+    params.y_stride = to_u32(outs[0].stride, "y stride")?;
+    params.y_offset = to_u32(outs[0].offset, "y offset")?;
+    params.seg1 = to_u32(first[1], "segment 1")?;
+    params.seg2 = to_u32(first[2], "segment 2")?;
+    params.y1_offset = to_u32(outs[1].offset, "y1 offset")?;
+    params.y1_stride = to_u32(outs[1].stride, "y1 stride")?;
+    params.y2_offset = to_u32(outs[2].offset, "y2 offset")?;
+    params.y2_stride = to_u32(outs[2].stride, "y2 stride")?;
+    Ok(())
+}
+
+/// Expert mat-vec: for item i (= token * slots + slot), y[i] = W_{ids[i]} . x, where x is
+/// x[i] when `x_per_item`, else x[i / slots]. `ids` lives on the GPU (written by the router).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_expert(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    ids: &GpuBuf,
+    slots: usize,
+    x_per_item: bool,
+    x: View,
+    y: View,
+    items: usize,
+) -> Result<(), GpuError> {
+    matvec_expert_with(
+        ctx,
+        rec,
+        w,
+        ids,
+        slots,
+        x_per_item,
+        x,
+        XForm::Plain,
+        y,
+        items,
+    )
+}
+
+/// [`matvec_expert`] with an input transform.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_expert_with(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    ids: &GpuBuf,
+    slots: usize,
+    x_per_item: bool,
+    x: View,
+    xform: XForm,
+    y: View,
+    items: usize,
+) -> Result<(), GpuError> {
+    if slots == 0 || !items.is_multiple_of(slots) || ids.len < items {
+        return Err(GpuError::BadArgs(format!(
+            "expert matvec {}: {items} items, {slots} slots, {} ids",
+            w.name, ids.len
+        )));
+    }
+    let x_count = if x_per_item { items } else { items / slots };
+    check_input(w, x, xform, x_count)?;
+    y.check(
+        items,
+        w.rows_per_unit,
+        &format!("expert matvec {} output", w.name),
+    )?;
+    let sg = subgroup_size(ctx);
+    let per_sg = rows_per_subgroup(w, w.rows_per_unit * items);
+    let per_wg = (wg_size() / sg).max(1);
+    let (gy, gz) = item_grid(items);
+    let grid = ctx.grid_buffer(w.ty)?;
+    for part in &w.parts {
+        let mut params = base_params(w, part, x, xform, items)?;
+        params.rows = to_u32(w.rows_per_unit, "rows")?;
+        params.y_stride = to_u32(y.stride, "y stride")?;
+        params.y_offset = to_u32(y.offset, "y offset")?;
+        params.slots = to_u32(slots, "slots")?;
+        params.x_per_item = x_per_item as u32;
+        params.expert_first = to_u32(part.first_row / w.rows_per_unit, "expert")?;
+        params.expert_count = to_u32(part.n_rows / w.rows_per_unit, "experts")?;
+        params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
+        let mut b = bindings(w, part, &grid);
+        b.push((1, &*x.buf.buffer));
+        b.push((2, &*y.buf.buffer));
+        b.push((3, &*ids.buffer));
+        let groups = w.rows_per_unit.div_ceil(per_sg);
+        let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
+        rec.push(
+            ctx,
+            &key(w, "matvec_expert", per_sg, 1, xform),
+            &b,
+            bytemuck::bytes_of(&params),
+            [gx, gy, gz],
+        )?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Dequantize rows `ids[i]` (global row numbers) into `out[i]`, repeated `reps` times
+/// `rep_stride` apart (the embedding lookup writes each token's row into all HC streams).
+pub fn get_rows(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    ids: &GpuBuf,
+    items: usize,
+    out: View,
+    reps: usize,
+    rep_stride: usize,
+) -> Result<(), GpuError> {
+    if ids.len < items || reps == 0 {
+        return Err(GpuError::BadArgs(format!(
+            "get_rows {}: {items} items, {} ids",
+            w.name, ids.len
+        )));
+    }
+    out.check(
+        items,
+        (reps - 1) * rep_stride + w.row_len,
+        &format!("get_rows {} output", w.name),
+    )?;
+    // get_rows writes at `item * y_stride + ...` from element 0: fold the view offset in by
+    // binding from the start and requiring offset 0.
+    if out.offset != 0 {
+        return Err(GpuError::BadArgs(
+            "get_rows output view must start at 0".into(),
+        ));
+    }
+    let (gy, gz) = item_grid(items);
+    // One invocation per 32 values (a chunk, or a task of a split layout).
+    let chunks = w.row_len / 32;
+    let grid = ctx.grid_buffer(w.ty)?;
+    for part in &w.parts {
+        let params = MatvecParams {
+            rows: to_u32(part.n_rows, "rows")?,
+            k: to_u32(w.row_len, "k")?,
+            row_bytes: to_u32(w.row_stride, "row stride")?,
+            items: to_u32(items, "items")?,
+            x_stride: to_u32(reps, "reps")?,
+            x_offset: to_u32(rep_stride, "rep stride")?,
+            y_stride: to_u32(out.stride, "out stride")?,
+            y_offset: to_u32(part.first_row, "first row")?,
+            d_base: to_u32(part.d_base, "d base")?,
+            ..Default::default()
+        };
+        let mut b = bindings(w, part, &grid);
+        b.push((2, &*out.buf.buffer));
+        b.push((3, &*ids.buffer));
+        let gx = to_u32(chunks.div_ceil(64), "grid x")?;
+        rec.push(
+            ctx,
+            &PipelineKey::new(format!("matvec:{}", w.ty.name()), "get_rows"),
+            &b,
+            bytemuck::bytes_of(&params),
+            [gx, gy, gz],
+        )?;
+    }
+    Ok(())
+}
