@@ -112,7 +112,11 @@ fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
 fn new_types_have_gpu_kernels() {
     for &(name, ty) in NEW_TYPES {
         assert!(strata::gpu::shaders::supports(ty), "{name}: no GPU kernel");
-        assert_eq!(ty.block_size() % 32, 0, "{name}: blocks are whole 32-value chunks");
+        assert_eq!(
+            ty.block_size() % 32,
+            0,
+            "{name}: blocks are whole 32-value chunks"
+        );
     }
 }
 

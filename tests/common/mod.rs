@@ -99,7 +99,10 @@ pub fn rebuilt_q6_k() -> strata::gguf::Gguf {
     let part_path = fixtures().join("tiny-Q6_K.part");
     let part = std::fs::read(&part_path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", part_path.display()));
-    assert!(part.len() >= Q6_K_HEADER_BYTES, "tiny-Q6_K.part is too short");
+    assert!(
+        part.len() >= Q6_K_HEADER_BYTES,
+        "tiny-Q6_K.part is too short"
+    );
     let mut bytes = part[..Q6_K_HEADER_BYTES].to_vec();
     bytes.resize(Q6_K_FILE_BYTES, 0);
     // Parse the header over zeroed data to learn every tensor's type and place.
@@ -125,7 +128,11 @@ pub fn rebuilt_q6_k() -> strata::gguf::Gguf {
             .unwrap_or_else(|e| panic!("{}: {e}", t.name));
         strata::quant::quantize(t.ty, &values, dst).unwrap_or_else(|e| panic!("{}: {e}", t.name));
     }
-    assert_eq!(next_q6, part.len(), "tiny-Q6_K.part holds exactly the Q6_K tensors");
+    assert_eq!(
+        next_q6,
+        part.len(),
+        "tiny-Q6_K.part holds exactly the Q6_K tensors"
+    );
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
