@@ -363,13 +363,16 @@ fn json_report(
     })
 }
 
-/// `strata inspect --gpus`: every adapter wgpu finds on the Vulkan backend, with what strata needs.
+/// `strata inspect --gpus`: every adapter wgpu finds on every allowed backend (Vulkan, Metal, DX12;
+/// `--gpu-backend` narrows it), with what strata needs.
 fn gpu_report() -> String {
     let adapters = crate::gpu::list_adapters();
     if adapters.is_empty() {
-        return "no Vulkan adapter found (install a Vulkan driver; on a CPU-only machine \
-                `apt-get install mesa-vulkan-drivers libvulkan1` gives the lavapipe software adapter)\n"
-            .to_string();
+        return format!(
+            "no {} adapter found (install a GPU driver; on a CPU-only Linux machine \
+             `apt-get install mesa-vulkan-drivers libvulkan1` gives the lavapipe software adapter)\n",
+            crate::gpu::device::backends_text()
+        );
     }
     let mut out = String::new();
     for a in adapters {
