@@ -136,7 +136,7 @@ fn check_shape(
                 .sum();
             let got = got_single[i * rows + r] as f64;
             let err = (got - exact).abs() / magnitude.max(1e-30);
-            if !(err <= 1e-5) {
+            if err.is_nan() || err > 1e-5 {
                 return Err(format!(
                     "{what}: vector {i} row {r}: got {got}, want {exact} (rel error {err:.2e})"
                 ));
