@@ -368,11 +368,7 @@ fn json_report(
 fn gpu_report() -> String {
     let adapters = crate::gpu::list_adapters();
     if adapters.is_empty() {
-        return format!(
-            "no {} adapter found (install a GPU driver; on a CPU-only Linux machine \
-             `apt-get install mesa-vulkan-drivers libvulkan1` gives the lavapipe software adapter)\n",
-            crate::gpu::device::backends_text()
-        );
+        return format!("{}\n", crate::gpu::device::no_adapter_message());
     }
     let mut out = String::new();
     for a in adapters {

@@ -172,10 +172,7 @@ pub fn gpu_unusable_reason(gguf: &Gguf) -> Option<String> {
         None => match adapters.first() {
             Some(a) => a,
             None => {
-                return Some(format!(
-                    "no {} GPU adapter was found",
-                    crate::gpu::device::backends_text()
-                ));
+                return Some(crate::gpu::device::no_adapter_message());
             }
         },
     };

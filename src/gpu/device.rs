@@ -42,8 +42,8 @@ pub fn allowed_backends() -> wgpu::Backends {
     }
 }
 
-/// The backends strata may run on, for messages: "Vulkan, Metal or DX12".
-pub fn backends_text() -> String {
+/// What to tell a user when no adapter is found: which backends were searched and what to do.
+pub fn no_adapter_message() -> String {
     let backends = allowed_backends();
     let names: Vec<&str> = [
         (wgpu::Backends::VULKAN, "Vulkan"),
@@ -54,15 +54,18 @@ pub fn backends_text() -> String {
     .filter(|(b, _)| backends.contains(*b))
     .map(|(_, name)| name)
     .collect();
-    match (names.split_last(), std::env::var("WGPU_BACKEND")) {
-        (Some((last, [])), _) => (*last).to_string(),
-        (Some((last, rest)), _) => format!("{} or {last}", rest.join(", ")),
-        (None, Ok(value)) => format!(
-            "any backend (WGPU_BACKEND={value:?} names none of vulkan, metal, dx12; GL is not \
-             supported: it lacks the subgroup operations every kernel needs)"
-        ),
-        (None, Err(_)) => "any backend".to_string(),
+    if names.is_empty() {
+        return format!(
+            "WGPU_BACKEND={:?} names none of the GPU APIs strata runs on (vulkan, metal, dx12; \
+             OpenGL lacks the subgroup operations every kernel needs)",
+            std::env::var("WGPU_BACKEND").unwrap_or_default()
+        );
     }
+    format!(
+        "no {} adapter found (install a GPU driver; on a CPU-only Linux machine \
+         `apt-get install mesa-vulkan-drivers libvulkan1` gives the lavapipe software adapter)",
+        names.join("/")
+    )
 }
 
 fn instance() -> wgpu::Instance {
@@ -151,11 +154,7 @@ impl GpuContext {
     pub fn new(index: Option<usize>) -> Result<Arc<Self>, GpuError> {
         let adapters = enumerate();
         if adapters.is_empty() {
-            return Err(GpuError::NoAdapter(format!(
-                "no {} adapter found (install a GPU driver; on Linux without a GPU, \
-                 `mesa-vulkan-drivers` gives the lavapipe CPU adapter)",
-                backends_text()
-            )));
+            return Err(GpuError::NoAdapter(no_adapter_message()));
         }
         let chosen = index.unwrap_or(0);
         let Some(adapter) = adapters.get(chosen) else {
