@@ -203,3 +203,15 @@ fn unquantized_rows_of_multiples_of_32() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Device creation refuses adapters whose subgroup size the kernels do not handle.
+#[test]
+fn subgroup_sizes_must_be_powers_of_two_from_4_to_128() {
+    use strata::gpu::device::subgroup_size_ok;
+    for ok in [4, 8, 16, 32, 64, 128] {
+        assert!(subgroup_size_ok(ok), "{ok}");
+    }
+    for bad in [0, 1, 2, 3, 6, 12, 24, 48, 96, 256] {
+        assert!(!subgroup_size_ok(bad), "{bad}");
+    }
+}
