@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod model;
 pub mod npy;
+pub mod platform;
 pub mod quant;
 pub mod sampler;
 pub mod server;

@@ -1,4 +1,5 @@
-//! The CPU reference forward pass against the transformers oracle (../shared/oracle/README.md).
+//! The CPU reference forward pass against the transformers oracle (its README: `oracle/README.md`
+//! in the project's shared folder; every file used here is in `tests/fixtures/tiny`).
 //!
 //! For each fixture type and prompt: prompt logits of every position, and teacher-forced decode
 //! (prompt + llama.cpp's greedy tokens) compared with transformers' uncached logits on the same
@@ -6,15 +7,13 @@
 //! reference's block choice is a tie, finding F5). The same tokens fed in chunks of 1, 7 and all at
 //! once must give bit-identical logits.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod common;
-use common::{fixtures, margins, max_abs_diff, prompt_ids, read, run};
+use common::{fixtures, margins, max_abs_diff, open_fixture, prompt_ids, read, run};
 use strata::npy::NpyArray;
 
 use strata::engine::{Backend, EngineError};
-use strata::gguf::Gguf;
 use strata::model::CpuBackend;
 
 const TOLERANCE: f32 = 1e-4;
@@ -22,28 +21,9 @@ const MIN_QSA_MARGIN: f32 = 1e-3;
 const PROMPTS: [&str; 4] = ["p1", "p7", "p64eos", "p300"];
 const DECODE_STEPS: usize = 31;
 
-fn shared_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/oracle/qwen4exp-tiny")
-}
-
-/// Opens a fixture GGUF; `None` (skip) only when a shared-only file is missing outside CI.
+/// Opens a fixture GGUF (all shipped in `tests/fixtures/tiny`; Q6_K rebuilt from its part file).
 fn open_model(ty: &str) -> Option<Arc<CpuBackend>> {
-    let local = fixtures().join(format!("tiny-{ty}.gguf"));
-    let path = if local.exists() {
-        local
-    } else {
-        shared_fixture().join(format!("tiny-{ty}.gguf"))
-    };
-    if !path.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} is missing (required in CI)",
-            path.display()
-        );
-        eprintln!("skipping {ty}: {} not found", path.display());
-        return None;
-    }
-    let gguf = Arc::new(Gguf::open(&path).expect("fixture GGUF opens"));
+    let gguf = Arc::new(open_fixture(ty));
     Some(Arc::new(
         CpuBackend::load(gguf, 0).expect("fixture model loads"),
     ))

@@ -10,7 +10,7 @@ use strata::quant::{
     random_blocks,
 };
 
-/// The oracle's vectors for 21 types (`../shared/oracle/README.md` §5).
+/// The oracle's vectors for 21 types (a copy of the oracle's `quant-vectors`; its README §5).
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant-vectors")
 }

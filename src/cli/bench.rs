@@ -5,6 +5,8 @@
 //!   the streaming-read bandwidth measured in the same run, and host time per token.
 //! * `--synthetic matvec`: the dequantizing mat-vec per quant type at real widths (random valid
 //!   blocks) against the same streaming-read figure — the kernel roofline.
+//! * `--synthetic full`: a random model of the real widths (`--layers`, `--routed-experts`),
+//!   benchmarked like `--model`.
 //!
 //! The synthetic mat-vec and the streaming read are timed with GPU timestamps around each dispatch
 //! when the adapter has them (else host wall clock with the measured submit + wait overhead of an
@@ -31,7 +33,8 @@ pub struct Args {
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
     /// Synthetic benchmark instead of a model: `matvec` (per-quant mat-vec roofline at the real
-    /// model's shapes) or `full` (a random model of the real widths, built in memory).
+    /// model's shapes) or `full` (a random model of the real widths, `--layers` and
+    /// `--routed-experts` deep, run like `--model`).
     #[arg(long)]
     pub synthetic: Option<String>,
     /// Quant types for `--synthetic matvec` (comma-separated, default: all GPU types); for
@@ -73,7 +76,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let gguf = synthetic_full(&args)?;
             bench_model(&args, Some(Arc::new(gguf)))?
         }
-        Some(other) => anyhow::bail!("unknown synthetic benchmark {other:?} (expected matvec)"),
+        Some(other) => {
+            anyhow::bail!("unknown synthetic benchmark {other:?} (expected matvec or full)")
+        }
         None => bench_model(&args, None)?,
     };
     let text = serde_json::to_string_pretty(&report)?;

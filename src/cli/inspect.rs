@@ -363,13 +363,12 @@ fn json_report(
     })
 }
 
-/// `strata inspect --gpus`: every adapter wgpu finds on the Vulkan backend, with what strata needs.
+/// `strata inspect --gpus`: every adapter wgpu finds on every allowed backend (Vulkan, Metal, DX12;
+/// `--gpu-backend` narrows it), with what strata needs.
 fn gpu_report() -> String {
     let adapters = crate::gpu::list_adapters();
     if adapters.is_empty() {
-        return "no Vulkan adapter found (install a Vulkan driver; on a CPU-only machine \
-                `apt-get install mesa-vulkan-drivers libvulkan1` gives the lavapipe software adapter)\n"
-            .to_string();
+        return format!("{}\n", crate::gpu::device::no_adapter_message());
     }
     let mut out = String::new();
     for a in adapters {

@@ -114,18 +114,82 @@ pub fn load_backend_with(
 ) -> anyhow::Result<Arc<dyn Backend>> {
     match choice {
         BackendChoice::Cpu => load_cpu(gguf, ctx),
-        BackendChoice::Auto | BackendChoice::Gpu => {
-            match crate::gpu::backend::load_for_cli_with(
-                gguf.clone(),
-                ctx,
-                choice == BackendChoice::Gpu,
-                tiers,
-            )? {
+        BackendChoice::Auto => {
+            if let Some(reason) = gpu_unusable_reason(&gguf) {
+                eprintln!("strata: --backend auto: using the CPU because {reason}");
+                return load_cpu(gguf, ctx);
+            }
+            match crate::gpu::backend::load_for_cli_with(gguf.clone(), ctx, false, tiers)? {
+                Some(backend) => Ok(backend),
+                None => {
+                    eprintln!(
+                        "strata: --backend auto: using the CPU because the GPU could not be set \
+                         up (see any warning above; --backend gpu shows the error, RUST_LOG=info \
+                         the details)"
+                    );
+                    load_cpu(gguf, ctx)
+                }
+            }
+        }
+        BackendChoice::Gpu => {
+            match crate::gpu::backend::load_for_cli_with(gguf.clone(), ctx, true, tiers)? {
                 Some(backend) => Ok(backend),
                 None => load_cpu(gguf, ctx),
             }
         }
     }
+}
+
+/// Why `--backend auto` will not use the GPU for this model, decided before any device is made:
+/// a weight type without a GPU kernel, no adapter, or only a software / subgroup-less adapter
+/// (the same adapter rule as the GPU loader's). `None`: the GPU is worth trying.
+pub fn gpu_unusable_reason(gguf: &Gguf) -> Option<String> {
+    let mut unsupported: Vec<&str> = gguf
+        .tensors()
+        .iter()
+        .filter(|t| !crate::gpu::shaders::supports(t.ty))
+        .map(|t| t.ty.name())
+        .collect();
+    unsupported.sort_unstable();
+    unsupported.dedup();
+    if !unsupported.is_empty() {
+        return Some(format!(
+            "the GPU kernels cannot read its {} weights",
+            unsupported.join(", ")
+        ));
+    }
+    let adapters = crate::gpu::list_adapters();
+    let chosen = match crate::gpu::backend::adapter_from_env() {
+        Some(i) => match adapters.get(i) {
+            Some(a) => a,
+            None => {
+                return Some(format!(
+                    "adapter {i} was asked for but only {} exist (strata inspect --gpus)",
+                    adapters.len()
+                ));
+            }
+        },
+        None => match adapters.first() {
+            Some(a) => a,
+            None => {
+                return Some(crate::gpu::device::no_adapter_message());
+            }
+        },
+    };
+    if !chosen.has_subgroups {
+        return Some(format!(
+            "adapter {:?} ({}) has no subgroup operations, which every GPU kernel needs",
+            chosen.name, chosen.backend
+        ));
+    }
+    if chosen.device_type == format!("{:?}", wgpu::DeviceType::Cpu) {
+        return Some(format!(
+            "adapter {:?} is a software rasterizer (slower than the CPU backend; --backend gpu \
+             uses it anyway)",
+            chosen.name
+        ));
+    }
+    None
 }
 
 fn load_cpu(gguf: Arc<Gguf>, ctx: usize) -> anyhow::Result<Arc<dyn Backend>> {

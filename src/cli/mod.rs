@@ -24,6 +24,29 @@ pub struct Cli {
     /// GPU adapter to use, by its index in `strata inspect --gpus` (default: the first discrete GPU).
     #[arg(long, global = true, value_name = "N")]
     pub adapter: Option<usize>,
+    /// Graphics API for the GPU (default: `WGPU_BACKEND` when set, else every one the platform
+    /// has: Vulkan on Linux, Metal on macOS, DX12 and Vulkan on Windows). OpenGL is not supported.
+    #[arg(long, global = true, value_enum, value_name = "API")]
+    pub gpu_backend: Option<GpuApi>,
+}
+
+/// `--gpu-backend`: a wgpu backend strata's kernels run on (all of them have subgroups).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuApi {
+    Vulkan,
+    Metal,
+    Dx12,
+}
+
+impl GpuApi {
+    /// The name `WGPU_BACKEND` takes for this backend.
+    pub fn wgpu_name(self) -> &'static str {
+        match self {
+            GpuApi::Vulkan => "vulkan",
+            GpuApi::Metal => "metal",
+            GpuApi::Dx12 => "dx12",
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -57,6 +80,12 @@ pub fn main() -> i32 {
         // device; the flag is the same setting spelled as an option.
         // SAFETY: still single-threaded here (nothing has been spawned before parsing).
         unsafe { std::env::set_var("STRATA_ADAPTER", index.to_string()) };
+    }
+    if let Some(api) = cli.gpu_backend {
+        // The instance reads the backend choice from WGPU_BACKEND (src/gpu/device.rs); the flag
+        // is the same setting and wins over an inherited value.
+        // SAFETY: still single-threaded here, as above.
+        unsafe { std::env::set_var("WGPU_BACKEND", api.wgpu_name()) };
     }
     init_tracing();
     let result = match cli.command {

@@ -83,5 +83,9 @@ fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     let backend = load_backend_with(Arc::clone(&gguf), args.backend, args.ctx, &args.tiers)?;
     // With --backend auto, say which one was picked: the GPU and CPU differ a lot in speed.
     eprintln!("strata: running on the {} backend", backend.info().backend);
-    LoadedModel::from_gguf(&gguf, backend)
+    let mut model = LoadedModel::from_gguf(&gguf, backend)?;
+    if args.model.is_none() {
+        model.name = crate::model::demo::DEMO_MODEL_NAME.to_string();
+    }
+    Ok(model)
 }

@@ -1,9 +1,11 @@
 //! Adapter discovery and device creation.
 //!
-//! The instance is pinned to Vulkan (overridable through `WGPU_BACKEND`): with every backend enabled
-//! wgpu silently falls back to a GL adapter that has no subgroups and fails every kernel later, so we
-//! refuse to start instead. The device is created with the adapter's own limits (the defaults cap a
-//! binding at 128 MiB and workgroup storage at 16 KiB) and every optional feature we can use.
+//! The instance enables wgpu's primary backends, Vulkan, Metal and DX12 (narrowed by
+//! `WGPU_BACKEND`, which `--gpu-backend` sets), and never GL: with GL enabled wgpu can silently pick
+//! a GL adapter (llvmpipe's) that has no subgroups and fails every kernel later. The device is
+//! created with the adapter's own limits (the defaults cap a binding at 128 MiB and workgroup
+//! storage at 16 KiB) and every optional feature we can use. Adapters whose subgroup size is not a
+//! power of two in [4, 128] are refused: the kernels' reductions assume such a size.
 
 use std::sync::{Arc, Mutex};
 
@@ -31,11 +33,51 @@ pub struct AdapterSummary {
     pub max_compute_workgroup_storage_size: u32,
 }
 
+/// The backends strata may run on: Vulkan, Metal and DX12 (`Backends::PRIMARY`), or those of them
+/// that `WGPU_BACKEND` names (a comma list, e.g. `vulkan` or `dx12,vulkan`). GL is always left out.
+pub fn allowed_backends() -> wgpu::Backends {
+    match wgpu::Backends::from_env() {
+        Some(requested) => requested & wgpu::Backends::PRIMARY,
+        None => wgpu::Backends::PRIMARY,
+    }
+}
+
+/// What to tell a user when no adapter is found: which backends were searched and what to do.
+pub fn no_adapter_message() -> String {
+    let backends = allowed_backends();
+    let names: Vec<&str> = [
+        (wgpu::Backends::VULKAN, "Vulkan"),
+        (wgpu::Backends::METAL, "Metal"),
+        (wgpu::Backends::DX12, "DX12"),
+    ]
+    .into_iter()
+    .filter(|(b, _)| backends.contains(*b))
+    .map(|(_, name)| name)
+    .collect();
+    if names.is_empty() {
+        return format!(
+            "WGPU_BACKEND={:?} names none of the GPU APIs strata runs on (vulkan, metal, dx12; \
+             OpenGL lacks the subgroup operations every kernel needs)",
+            std::env::var("WGPU_BACKEND").unwrap_or_default()
+        );
+    }
+    format!(
+        "no {} adapter found (install a GPU driver; on a CPU-only Linux machine \
+         `apt-get install mesa-vulkan-drivers libvulkan1` gives the lavapipe software adapter)",
+        names.join("/")
+    )
+}
+
 fn instance() -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN;
-    // `with_env` lets WGPU_BACKEND (and the other WGPU_* variables) override the pinned backend.
-    wgpu::Instance::new(desc.with_env())
+    // `with_env` applies WGPU_VALIDATION, WGPU_DEBUG etc.; the backends are ours, GL never included.
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
+    desc.backends = allowed_backends();
+    wgpu::Instance::new(desc)
+}
+
+/// Whether `size` is a subgroup size the kernels handle: a power of two in [4, 128].
+pub fn subgroup_size_ok(size: u32) -> bool {
+    size.is_power_of_two() && (4..=128).contains(&size)
 }
 
 fn enumerate() -> Vec<wgpu::Adapter> {
@@ -59,7 +101,7 @@ fn device_type_rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
-/// Every adapter the (Vulkan-pinned) instance can see, in `--adapter` order.
+/// Every adapter the instance can see on every allowed backend, in `--adapter` order.
 pub fn list_adapters() -> Vec<AdapterSummary> {
     enumerate()
         .iter()
@@ -112,11 +154,7 @@ impl GpuContext {
     pub fn new(index: Option<usize>) -> Result<Arc<Self>, GpuError> {
         let adapters = enumerate();
         if adapters.is_empty() {
-            return Err(GpuError::NoAdapter(
-                "no Vulkan adapter found (install a Vulkan driver, e.g. `mesa-vulkan-drivers` for \
-                 the lavapipe CPU driver, or set WGPU_BACKEND)"
-                    .into(),
-            ));
+            return Err(GpuError::NoAdapter(no_adapter_message()));
         }
         let chosen = index.unwrap_or(0);
         let Some(adapter) = adapters.get(chosen) else {
@@ -132,6 +170,18 @@ impl GpuContext {
                 "adapter {:?} ({}) has no subgroup support, which every strata kernel needs",
                 summary.name, summary.backend
             )));
+        }
+        for (what, size) in [
+            ("minimum", summary.subgroup_min_size),
+            ("maximum", summary.subgroup_max_size),
+        ] {
+            if !subgroup_size_ok(size) {
+                return Err(GpuError::NoAdapter(format!(
+                    "adapter {:?} ({}) reports a {what} subgroup size of {size}; strata's kernels \
+                     need a power of two between 4 and 128",
+                    summary.name, summary.backend
+                )));
+            }
         }
         if !available.contains(wgpu::Features::IMMEDIATES) {
             return Err(GpuError::NoAdapter(format!(

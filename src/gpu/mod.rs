@@ -1,4 +1,4 @@
-//! The wgpu (Vulkan) backend: device and adapter handling (`device`), tensors split to fit the
+//! The wgpu backend (Vulkan, Metal or DX12): device and adapter handling (`device`), tensors split to fit the
 //! binding limits (`buffers`), the pipeline cache (`pipelines`), WGSL assembly (`shaders`), typed
 //! kernel launchers (`kernels`) and the whole model on the GPU (`backend`).
 //!

@@ -43,6 +43,12 @@ pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::IQ3_S => include_str!("../../shaders/quant/iq3_s.wgsl"),
         GgmlType::IQ1_S => include_str!("../../shaders/quant/iq1_s.wgsl"),
         GgmlType::IQ1_M => include_str!("../../shaders/quant/iq1_m.wgsl"),
+        GgmlType::Q1_0 => include_str!("../../shaders/quant/q1_0.wgsl"),
+        GgmlType::Q2_0 => include_str!("../../shaders/quant/q2_0.wgsl"),
+        GgmlType::TQ1_0 => include_str!("../../shaders/quant/tq1_0.wgsl"),
+        GgmlType::TQ2_0 => include_str!("../../shaders/quant/tq2_0.wgsl"),
+        GgmlType::MXFP4 => include_str!("../../shaders/quant/mxfp4.wgsl"),
+        GgmlType::NVFP4 => include_str!("../../shaders/quant/nvfp4.wgsl"),
         _ => return None,
     })
 }

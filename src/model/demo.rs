@@ -3,6 +3,10 @@
 
 use crate::gguf::{Gguf, GgufError};
 
+/// The demo model's name in `/v1/models` and logs (its GGUF's `general.name` is the converter's
+/// placeholder "Hf", which tells a user nothing).
+pub const DEMO_MODEL_NAME: &str = "strata-demo-tiny-random";
+
 static DEMO_GGUF: &[u8] = include_bytes!("../../tests/fixtures/tiny/tiny-IQ3_S.gguf");
 
 pub fn demo_gguf() -> Result<Gguf, GgufError> {

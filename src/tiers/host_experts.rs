@@ -304,7 +304,7 @@ fn copy_to_ram(
     }
     let map = map.make_read_only().map_err(alloc_error)?;
     let locked = lock
-        && match map.lock() {
+        && match crate::platform::memory::lock(&map) {
             Ok(()) => true,
             Err(error) => {
                 // Usually RLIMIT_MEMLOCK; the copy still works, it can just be paged out.

@@ -19,12 +19,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use memmap2::{Advice, Mmap, MmapOptions};
+use memmap2::{Mmap, MmapOptions};
+
+use crate::platform::memory::{self, AccessHint};
+use crate::platform::pread;
 
 use crate::gguf::{GgmlType, Gguf};
 use crate::quant::{self, QuantError};
@@ -337,7 +339,7 @@ impl PleRowReader {
             let map = unsafe { MmapOptions::new().offset(table.offset).len(len).map(&file) }
                 .map_err(open_error)?;
             // Rows are gathered at random; read-ahead would only waste page cache.
-            let _ = map.advise(Advice::Random);
+            let _ = memory::advise(&map, AccessHint::Random);
             Some(map)
         } else {
             None
@@ -570,7 +572,7 @@ impl PleRowReader {
                 target.copy_from_slice(bytes);
                 Ok(())
             }
-            _ => self.file.read_exact_at(target, offset).map_err(io_error),
+            _ => pread::read_exact_at(&self.file, target, offset).map_err(io_error),
         }
     }
 
@@ -594,7 +596,7 @@ impl PleRowReader {
                 for &row in &wanted {
                     // Rows are in range, so the range is inside the map; a refused hint is harmless.
                     let start = (row * row_bytes as u64) as usize;
-                    let _ = map.advise_range(Advice::WillNeed, start, row_bytes);
+                    let _ = memory::advise_range(map, AccessHint::WillNeed, start, row_bytes);
                 }
                 Ok(wanted.len())
             }

@@ -69,3 +69,76 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// GGUF files of the tiny model that tests can open: the shipped ones from `tests/fixtures/tiny`,
+/// and `Q6_K`, rebuilt in memory by [`rebuilt_q6_k`] (the whole file would push the fixtures past
+/// their 20 MB budget).
+pub fn open_fixture(ty: &str) -> strata::gguf::Gguf {
+    if ty == "Q6_K" {
+        return rebuilt_q6_k();
+    }
+    let path = fixtures().join(format!("tiny-{ty}.gguf"));
+    strata::gguf::Gguf::open(&path)
+        .unwrap_or_else(|e| panic!("fixture {} opens: {e}", path.display()))
+}
+
+/// Byte length of the oracle's `tiny-Q6_K.gguf` header (metadata and tensor infos, padded).
+const Q6_K_HEADER_BYTES: usize = 24_896;
+/// Byte length of the oracle's `tiny-Q6_K.gguf`.
+const Q6_K_FILE_BYTES: usize = 5_026_112;
+/// FNV-1a 64 of the oracle's `tiny-Q6_K.gguf` (sha256 c81e21a6… in `gguf_manifest.json`).
+const Q6_K_FNV1A64: u64 = 0x6857_d3dc_23c9_0e68;
+
+/// The oracle's `tiny-Q6_K.gguf`, byte for byte, from `tiny-Q6_K.part` (its header followed by the
+/// data of its Q6_K tensors, in file order) and `tiny-F16.gguf`: every other tensor of the Q6_K file
+/// is F32, F16 or Q8_0 made by llama-quantize from the same weight values the F16 file holds, and
+/// strata's F32/F16/Q8_0 quantizers are byte-identical to ggml's (`tests/quant_vectors.rs`). The
+/// result is checked against the original file's hash, so a wrong rebuild fails loudly.
+pub fn rebuilt_q6_k() -> strata::gguf::Gguf {
+    use strata::gguf::{GgmlType, Gguf};
+    let part_path = fixtures().join("tiny-Q6_K.part");
+    let part = std::fs::read(&part_path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", part_path.display()));
+    assert!(
+        part.len() >= Q6_K_HEADER_BYTES,
+        "tiny-Q6_K.part is too short"
+    );
+    let mut bytes = part[..Q6_K_HEADER_BYTES].to_vec();
+    bytes.resize(Q6_K_FILE_BYTES, 0);
+    // Parse the header over zeroed data to learn every tensor's type and place.
+    let layout = Gguf::from_vec("tiny-Q6_K.gguf", bytes.clone()).expect("Q6_K header parses");
+    let f16 = open_fixture("F16");
+    let mut tensors = layout.tensors().to_vec();
+    tensors.sort_by_key(|t| t.offset);
+    let mut next_q6 = Q6_K_HEADER_BYTES;
+    for t in &tensors {
+        let start = t.offset as usize;
+        let len = t.n_bytes as usize;
+        let dst = &mut bytes[start..start + len];
+        if t.ty == GgmlType::Q6_K {
+            dst.copy_from_slice(&part[next_q6..next_q6 + len]);
+            next_q6 += len;
+            continue;
+        }
+        let src = f16
+            .tensor(&t.name)
+            .unwrap_or_else(|| panic!("{} missing from tiny-F16.gguf", t.name));
+        let mut values = vec![0f32; src.n_elements() as usize];
+        strata::quant::dequantize(src.ty, f16.tensor_data(src), &mut values)
+            .unwrap_or_else(|e| panic!("{}: {e}", t.name));
+        strata::quant::quantize(t.ty, &values, dst).unwrap_or_else(|e| panic!("{}: {e}", t.name));
+    }
+    assert_eq!(
+        next_q6,
+        part.len(),
+        "tiny-Q6_K.part holds exactly the Q6_K tensors"
+    );
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    assert_eq!(
+        hash, Q6_K_FNV1A64,
+        "rebuilt tiny-Q6_K.gguf differs from the oracle's file"
+    );
+    Gguf::from_vec("tiny-Q6_K.gguf", bytes).expect("rebuilt tiny-Q6_K.gguf parses")
+}
