@@ -1,7 +1,7 @@
 //! The built-in web page's routes: served (or not, with `--no-webui`), public, and the
 //! `/v1/monitor` feed behind the API key like every other API route.
 
-use strata::server::webui::serve_app;
+use strata::server::webui::{WebUi, serve_app};
 use strata::server::{AppState, ServerConfig};
 
 async fn start(api_key: Option<&str>, web_ui: bool) -> String {
@@ -14,6 +14,7 @@ async fn start(api_key: Option<&str>, web_ui: bool) -> String {
         api_key: api_key.map(str::to_string),
         ..ServerConfig::default()
     });
+    let web_ui = web_ui.then_some(WebUi { demo_model: true });
     tokio::spawn(serve_app(listener, state, web_ui));
     format!("http://{address}")
 }
@@ -41,6 +42,7 @@ async fn the_page_and_its_assets_are_served() {
     assert_eq!(status, 200);
     assert!(content_type.starts_with("text/html"), "{content_type}");
     assert!(index.contains("<title>strata</title>"));
+    assert!(index.contains(r#"<body data-demo="true">"#), "{index}");
     for (path, kind) in [
         ("/app.js", "text/javascript"),
         ("/chat.js", "text/javascript"),

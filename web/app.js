@@ -77,7 +77,7 @@
     }
     modelShown = true;
     $("model-name").textContent = m.model.name + " · " + m.model.backend;
-    $("demo-banner").hidden = !m.model.name.startsWith("demo");
+    $("demo-banner").hidden = document.body.dataset.demo !== "true";
     window.StrataChat.showDefaults(m.defaults, m.model.context_length);
   }
 

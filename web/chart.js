@@ -22,7 +22,7 @@
     if (v === null || v === undefined || Number.isNaN(v)) {
       return "n/a";
     }
-    if (Math.abs(v) >= 100) {
+    if (Number.isInteger(v) || Math.abs(v) >= 100) {
       return v.toFixed(0);
     }
     return v.toFixed(1);

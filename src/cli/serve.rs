@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use crate::cli::load::{ModelArgs, load_backend_with, open_gguf};
-use crate::server::webui::serve_app;
+use crate::server::webui::{WebUi, serve_app};
 use crate::server::{AppState, DEFAULT_QUEUE, LoadedModel, ServerConfig};
 
 #[derive(clap::Args, Debug)]
@@ -90,7 +90,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             loader_state.set_load_error(message);
         }
     });
-    serve_app(listener, state, !args.no_webui)
+    let web_ui = (!args.no_webui).then_some(WebUi {
+        demo_model: args.model.model.is_none(),
+    });
+    serve_app(listener, state, web_ui)
         .await
         .context("serving HTTP")
 }

@@ -22,12 +22,9 @@ struct Asset {
     body: &'static str,
 }
 
-const ASSETS: [Asset; 7] = [
-    Asset {
-        path: "/",
-        content_type: "text/html; charset=utf-8",
-        body: include_str!("../../web/index.html"),
-    },
+const INDEX_HTML: &str = include_str!("../../web/index.html");
+
+const ASSETS: [Asset; 6] = [
     Asset {
         path: "/style.css",
         content_type: "text/css; charset=utf-8",
@@ -60,33 +57,55 @@ const ASSETS: [Asset; 7] = [
     },
 ];
 
-/// The routes serving the page's files (no state, no auth).
-fn page_routes() -> Router {
-    ASSETS.iter().fold(Router::new(), |r, asset| {
-        let (content_type, body) = (asset.content_type, asset.body);
-        r.route(
-            asset.path,
-            get(move || async move {
-                (
-                    [
-                        (header::CONTENT_TYPE, content_type),
-                        (header::CACHE_CONTROL, "no-cache"),
-                    ],
-                    body,
-                )
-            }),
-        )
-    })
+/// What the page is told at start-up (as attributes of its `<body>`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WebUi {
+    /// No `--model` was given: the page explains how to point strata at a GGUF.
+    pub demo_model: bool,
 }
 
-/// The server's full router: every API route, plus the web page unless `web_ui` is false
+/// The routes serving the page's files (no state, no auth).
+fn page_routes(options: WebUi) -> Router {
+    let index = INDEX_HTML.replacen(
+        "<body>",
+        &format!("<body data-demo=\"{}\">", options.demo_model),
+        1,
+    );
+    let index_route = get(move || async move {
+        (
+            [
+                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            index,
+        )
+    });
+    ASSETS
+        .iter()
+        .fold(Router::new().route("/", index_route), |r, asset| {
+            let (content_type, body) = (asset.content_type, asset.body);
+            r.route(
+                asset.path,
+                get(move || async move {
+                    (
+                        [
+                            (header::CONTENT_TYPE, content_type),
+                            (header::CACHE_CONTROL, "no-cache"),
+                        ],
+                        body,
+                    )
+                }),
+            )
+        })
+}
+
+/// The server's full router: every API route, plus the web page unless `web_ui` is `None`
 /// (`strata serve --no-webui`), in which case `/` stays a JSON 404.
-pub fn app(state: AppState, web_ui: bool) -> Router {
+pub fn app(state: AppState, web_ui: Option<WebUi>) -> Router {
     let api = router(state);
-    if web_ui {
-        page_routes().merge(api)
-    } else {
-        api
+    match web_ui {
+        Some(options) => page_routes(options).merge(api),
+        None => api,
     }
 }
 
@@ -94,7 +113,7 @@ pub fn app(state: AppState, web_ui: bool) -> Router {
 pub async fn serve_app(
     listener: tokio::net::TcpListener,
     state: AppState,
-    web_ui: bool,
+    web_ui: Option<WebUi>,
 ) -> std::io::Result<()> {
     axum::serve(listener, app(state, web_ui)).await
 }
