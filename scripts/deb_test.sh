@@ -2,11 +2,11 @@
 # Builds the Linux .deb with cargo-deb ([package.metadata.deb] in Cargo.toml), installs it with
 # dpkg, and checks the installed binary: `strata --version`, then one chat request to
 # `strata serve` on the built-in demo model. Runs as root (CI) or with sudo available.
-# DEB_PROFILE=dev packages a debug build instead of the release one (quicker, for local checks).
+# DEB_ARGS adds cargo-deb flags, e.g. DEB_ARGS=--no-build to package an existing
+# target/release/strata without building it again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-profile="${DEB_PROFILE:-release}"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
@@ -15,8 +15,9 @@ if ! cargo deb --version >/dev/null 2>&1; then
     cargo install cargo-deb --locked
 fi
 
-echo "deb: building the package (profile $profile)"
-deb_path="$(cargo deb --profile "$profile" 2>&1 | tee /dev/stderr | grep -E '\.deb$' | tail -n 1)"
+echo "deb: building the package"
+# shellcheck disable=SC2086 # DEB_ARGS is a list of flags
+deb_path="$(cargo deb ${DEB_ARGS:-} 2>&1 | tee /dev/stderr | grep -E '\.deb$' | tail -n 1)"
 [ -f "$deb_path" ] || { echo "deb: no .deb was produced"; exit 1; }
 echo "deb: built $deb_path ($(du -h "$deb_path" | cut -f1))"
 
