@@ -15,7 +15,8 @@ use crate::tiers::TierArgs;
 /// The model flags every model-using subcommand shares (`#[command(flatten)]` them).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file (first shard of a split model). Without it, the tiny built-in demo model.
+    /// GGUF model file (first shard of a split model), or a folder holding one model (its only
+    /// `.gguf`, or the `-00001-of-N` shard). Without it, the tiny built-in demo model.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Which forward pass runs the model.
@@ -51,10 +52,72 @@ impl ModelArgs {
 pub fn open_gguf(path: Option<&Path>) -> anyhow::Result<Arc<Gguf>> {
     let gguf = match path {
         // GgufError already names the file, so no extra context that would repeat the path.
-        Some(p) => Gguf::open(p)?,
+        Some(p) => Gguf::open(&resolve_model_path(p)?)?,
         None => demo_gguf().context("opening the built-in demo model")?,
     };
     Ok(Arc::new(gguf))
+}
+
+/// A model path as given, or for a folder the GGUF to open in it: the first shard
+/// (`…-00001-of-000NN.gguf`) of a split model, else the folder's only `.gguf`.
+pub fn resolve_model_path(path: &Path) -> anyhow::Result<PathBuf> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let entries = std::fs::read_dir(path)
+        .with_context(|| format!("cannot list the folder {}", path.display()))?;
+    let mut ggufs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && has_gguf_extension(p))
+        .collect();
+    ggufs.sort();
+    pick_gguf(path, &ggufs)
+}
+
+fn has_gguf_extension(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// Whether a file name is the first shard of a split model (`name-00001-of-00003.gguf`).
+fn is_first_shard(path: &Path) -> bool {
+    let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+        return false;
+    };
+    let Some((head, count)) = stem.rsplit_once("-of-") else {
+        return false;
+    };
+    let index = head.rsplit('-').next().unwrap_or_default();
+    !count.is_empty()
+        && count.bytes().all(|b| b.is_ascii_digit())
+        && !index.is_empty()
+        && index.bytes().all(|b| b.is_ascii_digit())
+        && index.trim_start_matches('0') == "1"
+}
+
+fn pick_gguf(dir: &Path, ggufs: &[PathBuf]) -> anyhow::Result<PathBuf> {
+    let first_shards: Vec<&PathBuf> = ggufs.iter().filter(|p| is_first_shard(p)).collect();
+    let names = || {
+        ggufs
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match (first_shards.as_slice(), ggufs) {
+        ([only], _) => Ok((*only).clone()),
+        ([], [only]) => Ok(only.clone()),
+        ([], []) => anyhow::bail!(
+            "the folder {} holds no .gguf file; pass --model with a GGUF file or a folder holding one",
+            dir.display()
+        ),
+        _ => anyhow::bail!(
+            "the folder {} holds more than one model ({}); pass --model with the file to load \
+             (for a split model, its -00001-of-N shard)",
+            dir.display(),
+            names()
+        ),
+    }
 }
 
 /// Progress shown only once loading has taken more than a second (tiny models load silently).
@@ -211,6 +274,70 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         model: ModelArgs,
+    }
+
+    fn folder_with(name: &str, files: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("strata-load-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the test folder");
+        for f in files {
+            std::fs::write(dir.join(f), b"x").expect("write a test file");
+        }
+        dir
+    }
+
+    fn resolved_name(dir: &Path) -> anyhow::Result<String> {
+        let path = resolve_model_path(dir)?;
+        Ok(path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default())
+    }
+
+    #[test]
+    fn a_folder_resolves_to_its_first_shard_or_only_gguf() {
+        let split = folder_with(
+            "split",
+            &[
+                "m-00002-of-00003.gguf",
+                "m-00001-of-00003.gguf",
+                "m-00003-of-00003.gguf",
+                "README.md",
+            ],
+        );
+        assert_eq!(
+            resolved_name(&split).expect("split"),
+            "m-00001-of-00003.gguf"
+        );
+        let single = folder_with("single", &["model.GGUF", "notes.txt"]);
+        assert_eq!(resolved_name(&single).expect("single"), "model.GGUF");
+        let file = single.join("model.GGUF");
+        assert_eq!(resolve_model_path(&file).expect("file"), file);
+        for dir in [split, single] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    #[test]
+    fn a_folder_without_one_clear_model_is_an_error() {
+        let empty = folder_with("empty", &["a.txt"]);
+        let err = resolve_model_path(&empty).expect_err("empty").to_string();
+        assert!(err.contains("no .gguf"), "{err}");
+        let two = folder_with("two", &["a.gguf", "b.gguf"]);
+        let err = resolve_model_path(&two).expect_err("two").to_string();
+        assert!(err.contains("a.gguf, b.gguf"), "{err}");
+        for dir in [empty, two] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    #[test]
+    fn first_shard_names() {
+        assert!(is_first_shard(Path::new("x-00001-of-00002.gguf")));
+        assert!(is_first_shard(Path::new("x-1-of-2.gguf")));
+        assert!(!is_first_shard(Path::new("x-00002-of-00002.gguf")));
+        assert!(!is_first_shard(Path::new("x.gguf")));
+        assert!(!is_first_shard(Path::new("x-00001-of-.gguf")));
     }
 
     #[test]

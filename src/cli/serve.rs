@@ -8,7 +8,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use crate::cli::load::{ModelArgs, load_backend_with, open_gguf};
-use crate::server::{AppState, DEFAULT_QUEUE, LoadedModel, ServerConfig, serve_on};
+use crate::server::webui::{WebUi, serve_app};
+use crate::server::{AppState, DEFAULT_QUEUE, LoadedModel, ServerConfig};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -25,6 +26,12 @@ pub struct Args {
     /// Requests allowed to wait while one generates; more get 503.
     #[arg(long, default_value_t = DEFAULT_QUEUE)]
     pub queue: usize,
+    /// Do not serve the built-in web page at `/` (the API is unchanged).
+    #[arg(long)]
+    pub no_webui: bool,
+    /// Open the web page in the default browser once the server is listening.
+    #[arg(long)]
+    pub open: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -59,6 +66,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.api_key.is_some() {
         eprintln!("strata: API key required on every route but /health");
     }
+    if !args.no_webui {
+        eprintln!(
+            "strata: web page at http://{local}/ (chat and monitor; --no-webui turns it off)"
+        );
+        if args.open {
+            open_in_browser(&format!("http://{local}/"));
+        }
+    }
     let loader_state = state.clone();
     let model_args = args.model.clone();
     tokio::task::spawn_blocking(move || match load(&model_args) {
@@ -75,7 +90,37 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             loader_state.set_load_error(message);
         }
     });
-    serve_on(listener, state).await.context("serving HTTP")
+    let web_ui = (!args.no_webui).then_some(WebUi {
+        demo_model: args.model.model.is_none(),
+    });
+    serve_app(listener, state, web_ui)
+        .await
+        .context("serving HTTP")
+}
+
+/// Opens `url` with the desktop's default browser; a failure is a warning, not an error.
+fn open_in_browser(url: &str) {
+    let mut command = if cfg!(target_os = "macos") {
+        std::process::Command::new("open")
+    } else if cfg!(target_os = "windows") {
+        let mut c = std::process::Command::new("cmd");
+        c.args(["/C", "start", ""]);
+        c
+    } else {
+        std::process::Command::new("xdg-open")
+    };
+    command
+        .arg(url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    match command.spawn() {
+        // Reap the opener in the background so it does not linger as a zombie.
+        Ok(mut child) => {
+            std::thread::spawn(move || child.wait());
+        }
+        Err(e) => eprintln!("strata: warning: cannot open a browser ({e}); open {url} yourself"),
+    }
 }
 
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {

@@ -48,6 +48,16 @@ impl Metrics {
         }
     }
 
+    /// Prefill speed (tokens/s) of the last request that had one; 0 before any.
+    pub fn last_prefill_tps(&self) -> f64 {
+        f64::from_bits(self.last_prefill_tps.load(Ordering::Relaxed))
+    }
+
+    /// Decode speed (tokens/s) of the last request that had one; 0 before any.
+    pub fn last_decode_tps(&self) -> f64 {
+        f64::from_bits(self.last_decode_tps.load(Ordering::Relaxed))
+    }
+
     pub fn record_request(&self, endpoint: &str, status: u16, seconds: f64) {
         if let Ok(mut map) = self.requests.lock() {
             *map.entry((endpoint.to_string(), status)).or_insert(0) += 1;

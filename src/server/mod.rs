@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod openai;
 pub mod prompt;
 pub mod testing;
+pub mod webui;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -65,6 +66,8 @@ pub struct LoadedModel {
     pub defaults: SamplingParams,
     pub context_length: usize,
     pub vocab_size: usize,
+    /// The backend's own description ("cpu" or "gpu (<adapter name>)").
+    pub backend: String,
     generator: Mutex<Generator>,
 }
 
@@ -79,6 +82,7 @@ impl LoadedModel {
         let context_length = backend.info().context_length;
         let vocab_size = backend.info().vocab_size;
         LoadedModel {
+            backend: backend.info().backend.clone(),
             vocab_size,
             name: name.into(),
             tokenizer,
@@ -205,6 +209,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(metrics_handler))
+        .route("/v1/monitor", get(webui::monitor))
         .layer(axum::middleware::from_fn(require_json_content_type))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -315,12 +320,13 @@ async fn not_found(request: Request) -> ApiError {
 
 async fn method_not_allowed(request: Request) -> ApiError {
     let path = request.uri().path();
-    let expected =
-        if ["/health", "/metrics", "/models"].contains(&path) || path.starts_with("/v1/models") {
-            "GET"
-        } else {
-            "POST"
-        };
+    let expected = if ["/health", "/metrics", "/models", "/v1/monitor"].contains(&path)
+        || path.starts_with("/v1/models")
+    {
+        "GET"
+    } else {
+        "POST"
+    };
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         format!(
@@ -394,7 +400,8 @@ async fn record_request(State(state): State<AppState>, request: Request, next: N
         | "/v1/messages"
         | "/v1/messages/count_tokens"
         | "/health"
-        | "/metrics" => path,
+        | "/metrics"
+        | "/v1/monitor" => path,
         _ => "other".to_string(),
     };
     let method = request.method().clone();
