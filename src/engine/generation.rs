@@ -237,15 +237,16 @@ impl<D: TokenDecoder> Generation<D> {
         let token = self
             .sampler
             .sample_masked(&self.logits, position, mask.as_deref())?;
-        if let Some(c) = self.options.constraint.as_mut() {
-            c.accept(token).map_err(EngineError::Other)?;
-        }
         if self.request.stop_ids.contains(&token) {
+            // Not consumed by the constraint: a complete grammar has stopped and takes no more.
             return Ok(Next::Finished(self.finish(
                 FinishReason::StopToken(token),
                 cache,
                 on_event,
             )));
+        }
+        if let Some(c) = self.options.constraint.as_mut() {
+            c.accept(token).map_err(EngineError::Other)?;
         }
         let token_logprobs = self
             .options
