@@ -645,12 +645,9 @@ impl SseAssembler for ResponseAssembler {
         match result {
             Ok(output) => {
                 let r = self.finish(&output, &mut out);
-                let name = if r["status"] == "incomplete" {
-                    "response.incomplete"
-                } else {
-                    "response.completed"
-                };
-                out.push((name, json!({"response": r})));
+                // Always `response.completed` (its `status` says `incomplete` when cut short):
+                // the official clients' stream helpers wait for exactly that event.
+                out.push(("response.completed", json!({"response": r})));
             }
             Err(e) => {
                 let mut r = self.response("failed", None, None);

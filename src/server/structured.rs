@@ -258,7 +258,7 @@ pub fn forced_tool_grammar(name: &str, schema: &Value) -> OutputFormat {
     let name_json = Value::String(name.to_string()).to_string();
     let lark = format!(
         "start: \"<tool_call>\\n{{\\\"name\\\": \" NAME \", \\\"arguments\\\": \" args \"}}\\n</tool_call>\"\nNAME: {}\nargs: %json {}\n",
-        Value::String(name_json).to_string(),
+        Value::String(name_json),
         compact(schema.clone())
     );
     OutputFormat::Lark(lark)
