@@ -106,10 +106,10 @@ fn validate(schema: &Value, v: &Value) -> Result<(), String> {
         return Err(format!("{v} matches no anyOf branch"));
     }
     let number = |key: &str| schema[key].as_f64();
-    if let Some(x) = v.as_f64() {
-        if number("minimum").is_some_and(|m| x < m) || number("maximum").is_some_and(|m| x > m) {
-            return Err(format!("{x} is out of range"));
-        }
+    if let Some(x) = v.as_f64()
+        && (number("minimum").is_some_and(|m| x < m) || number("maximum").is_some_and(|m| x > m))
+    {
+        return Err(format!("{x} is out of range"));
     }
     let count = |key: &str| schema[key].as_u64().map(|n| n as usize);
     if let Some(s) = v.as_str() {
