@@ -123,7 +123,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--ttft", action="store_true", help="measure turn-2 time to first token")
-    parser.add_argument("--words", type=int, default=1600, help="length of the --ttft prompt")
+    parser.add_argument("--words", type=int, default=800, help="length of the --ttft prompt")
     args = parser.parse_args()
     raise SystemExit(ttft(args) if args.ttft else soak(args))
 
