@@ -302,6 +302,99 @@ def openai_tool_checks(client):
         expect(len(r.choices[0].message.tool_calls or []) == 1, r)
 
 
+RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "Weather forecast for a city",
+                  "parameters": WEATHER_TOOL["function"]["parameters"]}
+
+
+def responses_checks(client, tools_mode):
+    """The Responses API (`/v1/responses`), and the agent extras on chat: logprobs, structured output."""
+    if tools_mode:
+        @check("openai responses.create function_call items (fake)")
+        def _():
+            r = client.responses.create(model="m", input="Weather?", tools=[RESPONSES_TOOL],
+                                        max_output_tokens=300)
+            calls = [o for o in r.output if o.type == "function_call"]
+            expect(calls, r.output)
+            for c in calls:
+                expect(c.name == "get_weather" and c.call_id.startswith("call_"), c)
+                expect(isinstance(json.loads(c.arguments), dict), c)
+
+        @check("openai responses.stream function_call arguments (fake)")
+        def _():
+            with client.responses.stream(model="m", input="Weather?", tools=[RESPONSES_TOOL],
+                                         max_output_tokens=300) as stream:
+                kinds = [e.type for e in stream]
+                final = stream.get_final_response()
+            expect("response.function_call_arguments.delta" in kinds, kinds)
+            calls = [o for o in final.output if o.type == "function_call"]
+            expect(calls and all(json.loads(c.arguments) for c in calls), final.output)
+        return
+
+    @check("openai responses.create text")
+    def _():
+        r = client.responses.create(model="m", input="Say hello.", max_output_tokens=8)
+        expect(r.object == "response" and r.id.startswith("resp_"), r)
+        expect(r.status in ("completed", "incomplete"), r.status)
+        expect(isinstance(r.output_text, str), r)
+        expect(r.usage.output_tokens <= 8 and r.usage.input_tokens > 0, r.usage)
+
+    @check("openai responses.stream events and final text")
+    def _():
+        with client.responses.stream(model="m", input="Say hello.", max_output_tokens=8) as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        kinds = [e.type for e in events]
+        expect(kinds[0] == "response.created", kinds[:3])
+        expect(kinds[-1] == "response.completed", kinds[-3:])
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        expect(deltas == final.output_text, (deltas, final.output_text))
+        numbers = [e.sequence_number for e in events]
+        expect(numbers == sorted(numbers), numbers)
+
+    @check("openai responses previous_response_id continues the conversation")
+    def _():
+        first = client.responses.create(model="m", input="Say hello.", max_output_tokens=8)
+        second = client.responses.create(model="m", input="Again.", previous_response_id=first.id,
+                                         max_output_tokens=8)
+        expect(second.usage.input_tokens > first.usage.input_tokens, (first.usage, second.usage))
+        try:
+            client.responses.create(model="m", input="x", previous_response_id="resp_missing")
+        except openai.BadRequestError:
+            return
+        raise AssertionError("no 400 for an unknown previous_response_id")
+
+    @check("openai responses function_call_output input")
+    def _():
+        r = client.responses.create(model="m", tools=[RESPONSES_TOOL], max_output_tokens=8, input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+             "arguments": json.dumps({"city": "Paris"})},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"},
+        ])
+        expect(r.status in ("completed", "incomplete"), r)
+
+    @check("openai chat logprobs + top_logprobs")
+    def _():
+        r = client.chat.completions.create(model="m", messages=USER, max_completion_tokens=6,
+                                           logprobs=True, top_logprobs=2)
+        content = r.choices[0].logprobs.content
+        expect(len(content) == r.usage.completion_tokens, (len(content), r.usage))
+        for t in content:
+            expect(t.logprob <= 0 and len(t.top_logprobs) == 2, t)
+            expect(t.top_logprobs[0].logprob >= t.logprob - 1e-6, t)
+
+    @check("openai chat response_format json_schema is enforced")
+    def _():
+        schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+                                                   "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+                  "required": ["answer", "score"], "additionalProperties": False}
+        r = client.chat.completions.create(
+            model="m", messages=USER, max_completion_tokens=60,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}})
+        value = json.loads(r.choices[0].message.content)
+        expect(value["answer"] in ("yes", "no") and 0 <= value["score"] <= 9, value)
+
+
 def anthropic_checks(client, tools_mode):
     msgs = [{"role": "user", "content": "Say hello."}]
 
@@ -558,7 +651,7 @@ def main():
     parser.add_argument("--base", default="http://127.0.0.1:8080")
     parser.add_argument("--api-key", default="")
     parser.add_argument("--tools", action="store_true", help="server always emits tool calls (fake)")
-    parser.add_argument("--only", default="", help="comma list of: openai,anthropic,raw,malformed")
+    parser.add_argument("--only", default="", help="comma list of: openai,responses,anthropic,raw,malformed")
     parser.add_argument("-v", "--verbose", action="store_true")
     ARGS = parser.parse_args()
     key = ARGS.api_key or "unused"
@@ -567,10 +660,13 @@ def main():
     an = anthropic.Anthropic(base_url=ARGS.base, api_key=key, max_retries=0, timeout=300)
     if ARGS.tools:
         openai_tool_checks(oa)
+        responses_checks(oa, True)
         anthropic_checks(an, True)
     else:
         if not only or "openai" in only:
             openai_checks(oa)
+        if not only or "responses" in only:
+            responses_checks(oa, False)
         if not only or "anthropic" in only:
             anthropic_checks(an, False)
         if not only or "raw" in only:

@@ -128,8 +128,9 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
 // c*ATT_CHUNK .. in ascending position order), one workgroup each, then merged in chunk order.
 // Chunks depend only on the key index, never on how many queries a dispatch holds, so prefill and
 // decode compute every query with the same arithmetic:
-//   part:  s_j = (q . k_j) * scale (sequential fma over dims); m = max s_j (exact in any order);
-//          e_j = exp(s_j - m); l = fixed-shape tree sum of e_j; acc_i = sum_j e_j v_j,i in key order
+//   part:  s_j = (q . k_j) * scale (four fma chains over dims i mod 4, then (0+1)+(2+3));
+//          m = max s_j (exact in any order); e_j = exp(s_j - m); l = fixed-shape tree sum of e_j;
+//          acc_i = sum_j e_j v_j,i (four chains over keys j mod 4, then (0+1)+(2+3))
 //   merge: M = max m_c; L = sum_c l_c exp(m_c - M) in chunk order;
 //          out_i = (sum_c acc_c,i exp(m_c - M)) / L * sigmoid(gate_i), in chunk order
 const ATT_CHUNK: u32 = 256u;
@@ -209,11 +210,20 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         let kp = key_position(t, j0 + lid.x, pos);
         kpos[lid.x] = kp;
         let k0 = kp * kv_width + kvh * p.hd;
-        var d = 0.0;
-        for (var i = 0u; i < p.hd; i++) {
-            d = fma(Q[q0 + i], KC[k0 + i], d);
+        // Four independent fma chains (dims i, i+1, i+2, i+3), summed in a fixed order: the loads
+        // of one step do not wait for the previous step's sums.
+        var d = vec4<f32>(0.0);
+        let hd4 = p.hd & ~3u;
+        for (var i = 0u; i < hd4; i += 4u) {
+            d.x = fma(Q[q0 + i], KC[k0 + i], d.x);
+            d.y = fma(Q[q0 + i + 1u], KC[k0 + i + 1u], d.y);
+            d.z = fma(Q[q0 + i + 2u], KC[k0 + i + 2u], d.z);
+            d.w = fma(Q[q0 + i + 3u], KC[k0 + i + 3u], d.w);
         }
-        s = d * p.scale;
+        for (var i = hd4; i < p.hd; i++) {
+            d.x = fma(Q[q0 + i], KC[k0 + i], d.x);
+        }
+        s = ((d.x + d.y) + (d.z + d.w)) * p.scale;
     }
     let m = tree_max(s, lid.x);
     var e = 0.0;
@@ -228,11 +238,20 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         PART[out + 1u] = l;
     }
     for (var i = lid.x; i < p.hd; i += ATT_WG) {
-        var acc = 0.0;
-        for (var j = 0u; j < nk; j++) {
-            acc = fma(wts[j], VC[kpos[j] * kv_width + kvh * p.hd + i], acc);
+        // Keys j, j+1, j+2, j+3 into four chains, summed in a fixed order.
+        var acc = vec4<f32>(0.0);
+        let v0 = kvh * p.hd + i;
+        let nk4 = nk & ~3u;
+        for (var j = 0u; j < nk4; j += 4u) {
+            acc.x = fma(wts[j], VC[kpos[j] * kv_width + v0], acc.x);
+            acc.y = fma(wts[j + 1u], VC[kpos[j + 1u] * kv_width + v0], acc.y);
+            acc.z = fma(wts[j + 2u], VC[kpos[j + 2u] * kv_width + v0], acc.z);
+            acc.w = fma(wts[j + 3u], VC[kpos[j + 3u] * kv_width + v0], acc.w);
         }
-        PART[out + 2u + i] = acc;
+        for (var j = nk4; j < nk; j++) {
+            acc.x = fma(wts[j], VC[kpos[j] * kv_width + v0], acc.x);
+        }
+        PART[out + 2u + i] = (acc.x + acc.y) + (acc.z + acc.w);
     }
 }
 

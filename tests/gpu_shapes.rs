@@ -167,11 +167,8 @@ fn quantized_rows_of_few_whole_blocks() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Unquantized rows whose length is not a multiple of 32.
+/// Unquantized rows whose length is not a multiple of 32 (shaders/quant/rows_any.wgsl).
 #[test]
-#[ignore = "GpuWeight::upload refuses these rows (\"row length 24 is not a multiple of 32 and of \
-            the F16 block size 1\"): the mat-vec reads rows in 32-value chunks; the lead is making \
-            it take any row length"]
 fn unquantized_rows_of_any_length() {
     let Some(ctx) = context() else { return };
     let mut failures = Vec::new();

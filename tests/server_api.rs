@@ -854,6 +854,7 @@ async fn wait_for(server: &TestServer, metric: &str, value: f64) {
 async fn full_queue_answers_503_and_requests_run_in_order() {
     let config = ServerConfig {
         queue_capacity: 1,
+        parallel: 1,
         ..ServerConfig::default()
     };
     let server = Arc::new(TestServer::start(slow_backend(), config).await);

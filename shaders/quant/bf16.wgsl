@@ -22,3 +22,9 @@ fn dq8(block: u32, group: u32) -> Group8 {
     let w0 = (block >> 2u) + 4u * group;
     return Group8(bf16x4(w0), bf16x4(w0 + 2u));
 }
+
+// Value i of the row at byte `row_byte` (2-byte aligned), for quant/rows_any.wgsl.
+fn wval(row_byte: u32, i: u32) -> f32 {
+    let b = row_byte + 2u * i;
+    return bitcast<f32>(((W[b >> 2u] >> ((b & 2u) << 3u)) & 0xffffu) << 16u);
+}

@@ -17,3 +17,8 @@ fn dq8(block: u32, group: u32) -> Group8 {
     let w0 = (block >> 2u) + 8u * group;
     return Group8(f32x4(w0), f32x4(w0 + 4u));
 }
+
+// Value i of the row at byte `row_byte`, for quant/rows_any.wgsl.
+fn wval(row_byte: u32, i: u32) -> f32 {
+    return bitcast<f32>(W[(row_byte >> 2u) + i]);
+}

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 
 use crate::cli::load::{ModelArgs, load_backend_with, open_gguf};
 use crate::server::webui::{WebUi, serve_app};
-use crate::server::{AppState, DEFAULT_QUEUE, LoadedModel, ServerConfig};
+use crate::server::{AppState, DEFAULT_PARALLEL, DEFAULT_QUEUE, LoadedModel, ServerConfig};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -23,7 +23,7 @@ pub struct Args {
     /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`) on every route but /health.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Requests allowed to wait while one generates; more get 503.
+    /// Requests allowed to wait for a generation slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = DEFAULT_QUEUE)]
     pub queue: usize,
     /// Do not serve the built-in web page at `/` (the API is unchanged).
@@ -32,6 +32,10 @@ pub struct Args {
     /// Open the web page in the default browser once the server is listening.
     #[arg(long)]
     pub open: bool,
+    /// Requests generating concurrently (advanced step by step in turn; each one's output is
+    /// the same as if it ran alone).
+    #[arg(long, default_value_t = DEFAULT_PARALLEL as u16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub parallel: u16,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -53,6 +57,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let state = AppState::new(ServerConfig {
         api_key: args.api_key.clone(),
         queue_capacity: args.queue,
+        parallel: usize::from(args.parallel),
     });
     match &args.model.model {
         Some(path) => eprintln!("strata: loading {} …", path.display()),

@@ -1,20 +1,20 @@
-//! The generation loop: prompt ids → prefill in chunks → sample / stop checks / stream text, with a
-//! prompt cache of the last request.
+//! The generation loop's types and the one-request-at-a-time [`Generator`]: prompt ids → prefill
+//! in chunks → sample / stop checks / stream text (see [`super::generation`] for the steps).
 //!
-//! Prompt cache: after a request we keep up to three sequences — a fork at the request's
-//! `checkpoint` (where the chat template's generation prompt starts), a fork taken right after the
-//! prompt was fed, and the sequence as it stood when generation ended — each with the logits of
-//! its last fed token. A new prompt that starts with exactly one of those token lists continues from it.
-//! Recurrent (GDN) state cannot be rewound, so only exact-prefix extension is reusable; by the
-//! backend contract (logits depend only on the tokens, never on how they were split into `feed`
-//! calls) reuse gives bit-identical results to starting afresh.
+//! Prompt cache ([`super::cache`]): after a request we keep a fork at the request's `checkpoint`
+//! (where the chat template's generation prompt starts), a fork taken right after the prompt was
+//! fed, and the sequence as it stood when generation ended — each with the logits of its last fed
+//! token. A new prompt that starts with one of those token lists continues from it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{Backend, EngineError, Sequence};
-use crate::sampler::{Sampler, SamplerError, SamplingParams};
+use super::cache::{ENTRIES_PER_SLOT, PromptCache};
+use super::generation::{Generation, GenerationOptions, Next, check_fits};
+use super::{Backend, EngineError};
+use crate::sampler::logprobs::TokenLogprobs;
+use crate::sampler::{SamplerError, SamplingParams};
 
 /// Prompt tokens fed per `Sequence::feed` call: large enough to keep a GPU busy, small enough for
 /// progress reports and cancellation to stay responsive.
@@ -63,7 +63,12 @@ pub enum GenEvent {
     PromptProgress { done: usize, total: usize },
     /// A generated token and the text it completes (may be empty: partial UTF-8, or held back
     /// because it could be the start of a stop string).
-    Token { id: u32, text: String },
+    Token {
+        id: u32,
+        text: String,
+        /// Present when the request asked for log-probabilities.
+        logprobs: Option<TokenLogprobs>,
+    },
     /// Text released at the end (decoder tail, text held back for a stop string that never came).
     TrailingText(String),
 }
@@ -79,6 +84,8 @@ pub struct Usage {
 #[derive(Debug, Clone)]
 pub struct GenOutput {
     pub tokens: Vec<u32>,
+    /// Per generated token, when the request asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprobs>,
     /// The visible text (cut before a stop string, without stop tokens).
     pub text: String,
     pub finish: FinishReason,
@@ -122,37 +129,34 @@ pub enum GenerateError {
     },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
+    /// The client went away before the request got a slot.
+    #[error("the request was cancelled before it started")]
+    Cancelled,
     #[error(transparent)]
     Sampler(#[from] SamplerError),
     #[error("engine error: {0}")]
     Engine(#[from] EngineError),
 }
 
-struct CachedSequence {
-    sequence: Box<dyn Sequence>,
-    /// Logits of the last token in `sequence.tokens()`.
-    last_logits: Vec<f32>,
-}
-
-/// Owns the backend and the prompt cache; one request at a time (`&mut self`).
+/// Owns the backend and a prompt cache; runs one request at a time (`&mut self`), for the CLI.
+/// The server interleaves several with [`super::scheduler::Scheduler`]; both run the same
+/// [`Generation`] state machine.
 pub struct Generator {
     backend: Arc<dyn Backend>,
-    cache: Vec<CachedSequence>,
-    prompt_cache_enabled: bool,
+    cache: PromptCache,
 }
 
 impl Generator {
     pub fn new(backend: Arc<dyn Backend>) -> Generator {
         Generator {
             backend,
-            cache: Vec::new(),
-            prompt_cache_enabled: true,
+            cache: PromptCache::new(ENTRIES_PER_SLOT),
         }
     }
 
     /// Turn the prompt cache off (every request starts from position 0).
     pub fn with_prompt_cache(mut self, enabled: bool) -> Generator {
-        self.prompt_cache_enabled = enabled;
+        self.cache = PromptCache::new(if enabled { ENTRIES_PER_SLOT } else { 0 });
         self
     }
 
@@ -171,38 +175,7 @@ impl Generator {
 
     /// Check a request against the context before any compute.
     pub fn check_fits(&self, prompt_len: usize, max_tokens: usize) -> Result<(), GenerateError> {
-        if prompt_len == 0 {
-            return Err(GenerateError::EmptyPrompt);
-        }
-        if max_tokens == 0 {
-            return Err(GenerateError::ZeroMaxTokens);
-        }
-        let ctx = self.context_length();
-        if prompt_len.saturating_add(max_tokens) > ctx {
-            return Err(GenerateError::ContextOverflow {
-                prompt: prompt_len,
-                max_tokens,
-                ctx,
-            });
-        }
-        Ok(())
-    }
-
-    /// Take the longest cached sequence whose tokens are a prefix of `prompt`.
-    fn take_cached(&mut self, prompt: &[u32]) -> Option<CachedSequence> {
-        let best = self
-            .cache
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| {
-                let t = c.sequence.tokens();
-                !t.is_empty() && prompt.starts_with(t)
-            })
-            .max_by_key(|(_, c)| c.sequence.tokens().len())
-            .map(|(i, _)| i)?;
-        let taken = self.cache.swap_remove(best);
-        self.cache.clear();
-        Some(taken)
+        check_fits(prompt_len, max_tokens, self.context_length())
     }
 
     /// Run one request. `decoder` turns ids into text; `cancel` is checked before every feed;
@@ -229,154 +202,42 @@ impl Generator {
         cancel: &AtomicBool,
         on_event: &mut dyn FnMut(GenEvent),
     ) -> Result<GenOutput, GenerateError> {
-        let prompt = &request.prompt;
-        self.check_fits(prompt.len(), request.max_tokens)?;
-        let mut sampler = Sampler::new(&request.sampling, prompt)?;
-        let prefill_start = Instant::now();
+        let options = GenerationOptions::default();
+        let mut generation = Generation::start(
+            &self.backend,
+            &mut self.cache,
+            request.clone(),
+            options,
+            decoder,
+        )?;
+        loop {
+            let cancelled = cancel.load(Ordering::Relaxed);
+            match generation.advance(cancelled, &mut self.cache, on_event)? {
+                Next::Finished(output) => return Ok(output),
+                Next::Feed => {
+                    let logits = generation.feed_alone();
+                    generation.absorb(logits, &mut self.cache, on_event)?;
+                }
+            }
+        }
+    }
+}
 
-        let cached = if self.prompt_cache_enabled {
-            self.take_cached(prompt)
-        } else {
-            None
-        };
-        let (mut sequence, mut logits, cached_tokens) = match cached {
-            Some(c) => {
-                let n = c.sequence.tokens().len();
-                (c.sequence, c.last_logits, n)
-            }
-            None => {
-                self.cache.clear();
-                (self.backend.clone().new_sequence()?, Vec::new(), 0)
-            }
-        };
-        let vocab = self.backend.info().vocab_size;
-        let mut done = cached_tokens;
-        on_event(GenEvent::PromptProgress {
-            done,
-            total: prompt.len(),
-        });
-        let mut cancelled = false;
-        // A checkpoint strictly inside the part still to feed splits the chunk there.
-        let checkpoint = request
-            .checkpoint
-            .filter(|&c| self.prompt_cache_enabled && c > cached_tokens && c < prompt.len());
-        while done < prompt.len() {
-            if cancel.load(Ordering::Relaxed) {
-                cancelled = true;
-                break;
-            }
-            let mut end = (done + PREFILL_CHUNK).min(prompt.len());
-            if let Some(c) = checkpoint
-                && done < c
-                && c < end
-            {
-                end = c;
-            }
-            logits = sequence.feed(&prompt[done..end], false)?;
-            done = end;
-            if checkpoint == Some(done)
-                && let Some(fork) = sequence.fork()
-            {
-                self.cache.push(CachedSequence {
-                    sequence: fork,
-                    last_logits: logits.clone(),
-                });
-            }
-            on_event(GenEvent::PromptProgress {
-                done,
-                total: prompt.len(),
-            });
-        }
-        let prefill_time = prefill_start.elapsed();
-        let usage_base = Usage {
-            prompt_tokens: prompt.len(),
-            cached_tokens,
-            completion_tokens: 0,
-        };
-        if cancelled {
-            return Ok(GenOutput {
-                tokens: Vec::new(),
-                text: String::new(),
-                finish: FinishReason::Cancelled,
-                usage: usage_base,
-                seed: sampler.seed(),
-                prefill_time,
-                decode_time: Duration::ZERO,
-            });
-        }
-        if logits.len() != vocab {
-            return Err(EngineError::Other(format!(
-                "backend returned {} logits, vocabulary is {vocab}",
-                logits.len()
-            ))
-            .into());
-        }
-        if self.prompt_cache_enabled
-            && let Some(fork) = sequence.fork()
-        {
-            self.cache.push(CachedSequence {
-                sequence: fork,
-                last_logits: logits.clone(),
-            });
-        }
+impl<T: TokenDecoder + ?Sized> TokenDecoder for &mut T {
+    fn push(&mut self, id: u32) -> Option<String> {
+        (**self).push(id)
+    }
+    fn finish(&mut self) -> Option<String> {
+        (**self).finish()
+    }
+}
 
-        let decode_start = Instant::now();
-        let mut text_filter = StopStringFilter::new(&request.stop_strings);
-        let mut tokens = Vec::new();
-        let finish = loop {
-            if cancel.load(Ordering::Relaxed) {
-                break FinishReason::Cancelled;
-            }
-            let position = sequence.tokens().len();
-            let token = sampler.sample(&logits, position)?;
-            if request.stop_ids.contains(&token) {
-                break FinishReason::StopToken(token);
-            }
-            tokens.push(token);
-            let piece = decoder.push(token).unwrap_or_default();
-            let (visible, stop) = text_filter.push(&piece);
-            on_event(GenEvent::Token {
-                id: token,
-                text: visible,
-            });
-            if let Some(stop) = stop {
-                break FinishReason::StopString(stop);
-            }
-            if tokens.len() >= request.max_tokens {
-                break FinishReason::Length;
-            }
-            logits = sequence.feed(&[token], false)?;
-        };
-        // Flush what the decoder and the stop filter still hold (unless a stop string cut it).
-        if !matches!(finish, FinishReason::StopString(_)) {
-            let tail = decoder.finish().unwrap_or_default();
-            let (mut visible, stop) = text_filter.push(&tail);
-            if stop.is_none() {
-                visible.push_str(&text_filter.flush());
-            }
-            if !visible.is_empty() {
-                on_event(GenEvent::TrailingText(visible));
-            }
-        }
-        let decode_time = decode_start.elapsed();
-        if self.prompt_cache_enabled {
-            self.cache.push(CachedSequence {
-                sequence,
-                last_logits: logits,
-            });
-        }
-        Ok(GenOutput {
-            usage: Usage {
-                completion_tokens: tokens.len(),
-                ..usage_base
-            },
-            tokens,
-            text: text_filter.into_text(),
-            finish,
-            seed: sampler.seed(),
-            prefill_time,
-            decode_time,
-        })
+impl<T: TokenDecoder + ?Sized> TokenDecoder for Box<T> {
+    fn push(&mut self, id: u32) -> Option<String> {
+        (**self).push(id)
+    }
+    fn finish(&mut self) -> Option<String> {
+        (**self).finish()
     }
 }
 

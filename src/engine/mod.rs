@@ -6,7 +6,10 @@
 //! tokens up to it — never on how the tokens were split across `feed` calls, on other sequences, on
 //! timing, or on where a weight lives.
 
+pub mod cache;
 pub mod generate;
+pub mod generation;
+pub mod scheduler;
 
 use std::sync::Arc;
 
@@ -41,6 +44,22 @@ pub trait Backend: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// A fresh sequence at position 0.
     fn new_sequence(self: Arc<Self>) -> Result<Box<dyn Sequence>, EngineError>;
+    /// Advance several sequences by one forward pass each (`logits = false` semantics: the last
+    /// fed token's row). The default feeds them one after another; a backend that can batch
+    /// several sequences into one GPU pass overrides this. Results are in `batch` order, and each
+    /// must equal what `feed` alone would return (the contract above).
+    fn feed_many(&self, batch: &mut [FeedItem<'_>]) -> Vec<Result<Vec<f32>, EngineError>> {
+        batch
+            .iter_mut()
+            .map(|item| item.sequence.feed(item.tokens, false))
+            .collect()
+    }
+}
+
+/// One sequence's share of a [`Backend::feed_many`] call.
+pub struct FeedItem<'a> {
+    pub sequence: &'a mut dyn Sequence,
+    pub tokens: &'a [u32],
 }
 
 pub trait Sequence: Send {

@@ -74,9 +74,17 @@ impl GpuWeight {
             )));
         }
         let block = ty.block_size();
-        if row_len == 0 || !row_len.is_multiple_of(32) || !row_len.is_multiple_of(block) {
+        // Unquantized rows may have any length (shaders/quant/rows_any.wgsl); quantized rows are
+        // whole blocks of at least 32 values.
+        let whole = if block == 1 {
+            row_len > 0
+        } else {
+            row_len > 0 && row_len.is_multiple_of(32) && row_len.is_multiple_of(block)
+        };
+        if !whole {
             return Err(bad(format!(
-                "row length {row_len} is not a multiple of 32 and of the {} block size {block}",
+                "row length {row_len} is not a whole number of {} blocks of {block} (of at least \
+                 32 values)",
                 ty.name()
             )));
         }

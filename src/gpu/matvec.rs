@@ -147,14 +147,33 @@ fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
 
 /// The pipeline of `entry` for `w`, specialised (override constants) on the rows per subgroup,
 /// the vectors per tile and the input transform, so its row body has no data-dependent branch.
+/// Whether the mat-vec of `w` over `x` needs the any-length row body (quant/rows_any.wgsl):
+/// unquantized rows that are not whole 32-value chunks, or inputs not on 16-byte boundaries.
+/// Decided by shapes alone, so prefill and decode of a weight always take the same body.
+fn any_length(w: &GpuWeight, x: View, xform: XForm) -> bool {
+    let aligned = x.offset.is_multiple_of(4)
+        && x.stride.is_multiple_of(4)
+        && match xform {
+            XForm::Swiglu { half } => half.is_multiple_of(4),
+            _ => true,
+        };
+    w.ty.block_size() == 1 && (!w.row_len.is_multiple_of(32) || !aligned)
+}
+
+fn shader_name(w: &GpuWeight, any: bool) -> String {
+    let op = if any { "matvec_any" } else { "matvec" };
+    format!("{op}:{}", w.ty.name())
+}
+
 fn key(
     w: &GpuWeight,
+    any: bool,
     entry: &'static str,
     rows_per_sg: usize,
     items: usize,
     xform: XForm,
 ) -> PipelineKey {
-    PipelineKey::new(format!("matvec:{}", w.ty.name()), entry)
+    PipelineKey::new(shader_name(w, any), entry)
         .constant("ROWS", rows_per_sg as f64)
         .constant("WG", wg_size() as f64)
         .constant("ITEMS", items as f64)
@@ -321,7 +340,7 @@ pub fn matvec_with(
             let (gy, gz) = item_grid(count / tile);
             rec.push(
                 ctx,
-                &key(w, entry, per_sg, tile, xform),
+                &key(w, any_length(w, x, xform), entry, per_sg, tile, xform),
                 &b,
                 bytemuck::bytes_of(&params),
                 [gx, gy, gz],
@@ -451,7 +470,14 @@ pub fn matvec_expert_with(
         let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
         rec.push(
             ctx,
-            &key(w, "matvec_expert", per_sg, 1, xform),
+            &key(
+                w,
+                any_length(w, x, xform),
+                "matvec_expert",
+                per_sg,
+                1,
+                xform,
+            ),
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],
@@ -492,8 +518,10 @@ pub fn get_rows(
         ));
     }
     let (gy, gz) = item_grid(items);
-    // One invocation per 32 values (a chunk, or a task of a split layout).
-    let chunks = w.row_len / 32;
+    // One invocation per 32 values (a chunk, a task of a split layout, or 32 values of a row of
+    // any length).
+    let chunks = w.row_len.div_ceil(32);
+    let any = w.ty.block_size() == 1 && !w.row_len.is_multiple_of(32);
     let grid = ctx.grid_buffer(w.ty)?;
     for part in &w.parts {
         let params = MatvecParams {
@@ -514,7 +542,7 @@ pub fn get_rows(
         let gx = to_u32(chunks.div_ceil(64), "grid x")?;
         rec.push(
             ctx,
-            &PipelineKey::new(format!("matvec:{}", w.ty.name()), "get_rows"),
+            &PipelineKey::new(shader_name(w, any), "get_rows"),
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],

@@ -16,6 +16,8 @@ const GENERIC_DQ_CHUNK: &str = include_str!("../../shaders/quant/chunk_regs.wgsl
 // Row bodies (and get_rows) of the mat-vec: split layouts (src/gpu/layout.rs) and GGUF blocks.
 const ROWS_SPLIT: &str = include_str!("../../shaders/quant/rows_split.wgsl");
 const ROWS_BLOCK: &str = include_str!("../../shaders/quant/rows_block.wgsl");
+// Unquantized rows of any length, read one value at a time.
+const ROWS_ANY: &str = include_str!("../../shaders/quant/rows_any.wgsl");
 const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: array<u32>;\n";
 
 /// Weight formats the GPU kernels can read, with the WGSL file that dequantizes them.
@@ -85,7 +87,7 @@ pub fn supports(ty: GgmlType) -> bool {
 
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
-        "matvec" => include_str!("../../shaders/matvec.wgsl"),
+        "matvec" | "matvec_any" => include_str!("../../shaders/matvec.wgsl"),
         "norm" => include_str!("../../shaders/norm.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
         "hc" => include_str!("../../shaders/hc.wgsl"),
@@ -118,7 +120,9 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 String::new()
             };
-            let rows = if super::layout::split_d(ty).is_some() {
+            let rows = if op == "matvec_any" {
+                ROWS_ANY.to_string()
+            } else if super::layout::split_d(ty).is_some() {
                 ROWS_SPLIT.to_string()
             } else {
                 format!("{}\n{ROWS_BLOCK}", row_body(ty))

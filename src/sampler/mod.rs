@@ -15,6 +15,8 @@
 //! Unnormalised probabilities are `exp((l - l_max) / T)` computed in f64 (so a tiny temperature
 //! cannot overflow), summed in candidate order.
 
+pub mod logprobs;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
 
@@ -69,6 +71,8 @@ pub enum SamplerError {
     },
     #[error("empty logits row")]
     EmptyLogits,
+    #[error("the output constraint allows no token at position {position}")]
+    NothingAllowed { position: usize },
 }
 
 /// The GGUF keys llama.cpp's `gguf-py` writes for a model author's sampling defaults.
@@ -237,8 +241,32 @@ impl Sampler {
         Ok(token)
     }
 
+    /// Like [`Sampler::sample`], choosing only among tokens whose `allowed` entry is true (a
+    /// structured-output mask). The mask is applied after the penalties and before temperature,
+    /// top-k, top-p and min-p, so the cuts work within the allowed tokens.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        position: usize,
+        allowed: Option<&[bool]>,
+    ) -> Result<u32, SamplerError> {
+        let token = self.pick_masked(logits, position, allowed)?;
+        self.accept(token);
+        Ok(token)
+    }
+
     /// Pick without recording.
     pub fn pick(&self, logits: &[f32], position: usize) -> Result<u32, SamplerError> {
+        self.pick_masked(logits, position, None)
+    }
+
+    /// Pick among the allowed tokens without recording.
+    pub fn pick_masked(
+        &self,
+        logits: &[f32],
+        position: usize,
+        allowed: Option<&[bool]>,
+    ) -> Result<u32, SamplerError> {
         if logits.is_empty() {
             return Err(SamplerError::EmptyLogits);
         }
@@ -251,6 +279,9 @@ impl Sampler {
         }
         let mut row = logits.to_vec();
         self.apply_penalties(&mut row);
+        if let Some(allowed) = allowed {
+            apply_mask(&mut row, allowed, position)?;
+        }
         if self.params.is_greedy() {
             return Ok(argmax(&row));
         }
@@ -288,9 +319,11 @@ impl Sampler {
         let p = &self.params;
         // Sorting the unscaled logits gives the same order (T > 0); scaling happens inside the
         // exponent below, where it cannot overflow.
+        // Masked-out tokens (-inf) are never candidates.
         let mut ids: Vec<(u32, f32)> = row
             .iter()
             .enumerate()
+            .filter(|(_, l)| **l != f32::NEG_INFINITY)
             .map(|(i, &l)| (i as u32, l))
             .collect();
         // Total order: logit descending, then id ascending.
@@ -326,6 +359,23 @@ impl Sampler {
             probs.truncate(keep.max(1));
         }
         probs
+    }
+}
+
+/// Set the logits of tokens the mask forbids (and of ids past its end) to -inf.
+fn apply_mask(row: &mut [f32], allowed: &[bool], position: usize) -> Result<(), SamplerError> {
+    let mut any = false;
+    for (i, l) in row.iter_mut().enumerate() {
+        if allowed.get(i).copied().unwrap_or(false) {
+            any = true;
+        } else {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    if any {
+        Ok(())
+    } else {
+        Err(SamplerError::NothingAllowed { position })
     }
 }
 
@@ -408,6 +458,24 @@ mod tests {
         for pos in 0..100 {
             assert_eq!(s.pick(&[1e30, 3e30, 2e30], pos).unwrap(), 1);
         }
+    }
+
+    #[test]
+    fn mask_restricts_greedy_and_sampled_picks() {
+        let logits = [3.0, 2.0, 1.0, 0.5];
+        let allowed = [false, false, true, true];
+        let greedy = Sampler::new(&params(0.0, 0, 1.0, 0.0), &[]).unwrap();
+        assert_eq!(greedy.pick_masked(&logits, 0, Some(&allowed)).unwrap(), 2);
+        let hot = Sampler::new(&params(2.0, 0, 1.0, 0.0), &[]).unwrap();
+        for pos in 0..100 {
+            let t = hot.pick_masked(&logits, pos, Some(&allowed)).unwrap();
+            assert!(t == 2 || t == 3, "picked masked-out token {t}");
+        }
+        let none = [false; 4];
+        assert_eq!(
+            hot.pick_masked(&logits, 9, Some(&none)),
+            Err(SamplerError::NothingAllowed { position: 9 })
+        );
     }
 
     #[test]

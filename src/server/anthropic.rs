@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::openai::{SseAssembler, collect, parse_stop, sse_response};
 use super::prompt::{self, ChatPrompt, PreparedPrompt, ToolChoice};
+use super::structured;
 use super::{
     ApiError, AppState, Flavor, Job, LoadedModel, check_context, parse_body, random_id,
     seed_headers, start_job,
@@ -18,6 +19,7 @@ use super::{
 use crate::chat::toolcall::{ParsedOutput, StreamEvent, StreamParser, ToolSpec};
 use crate::chat::{Message, ToolCall};
 use crate::engine::generate::{FinishReason, GenOutput, GenerateRequest, Usage};
+use crate::engine::generation::{GenerationOptions, TokenConstraint};
 
 const FLAVOR: Flavor = Flavor::Anthropic;
 
@@ -371,6 +373,10 @@ fn prepare(model: &LoadedModel, req: &MessagesRequest) -> Result<(PreparedPrompt
     let (tool_choice, parallel) = parse_tool_choice(req.tool_choice.as_ref())?;
     let (mut enable_thinking, reasoning_effort) =
         thinking_options(req.thinking.as_ref(), req.output_config.as_ref())?;
+    // A forced tool is enforced by a grammar over the whole output: no thinking before it.
+    if matches!(tool_choice, Some(ToolChoice::Named(_))) && enable_thinking.is_none() {
+        enable_thinking = Some(false);
+    }
     // A prefill is the start of the visible answer, which comes after the reasoning: unless the
     // client asked for thinking, close the think block so the prefill is answer text.
     if assistant_prefill.is_some() && enable_thinking.is_none() {
@@ -386,6 +392,34 @@ fn prepare(model: &LoadedModel, req: &MessagesRequest) -> Result<(PreparedPrompt
         assistant_prefill,
     };
     Ok((prompt::prepare_chat(model, chat, FLAVOR)?, parallel))
+}
+
+/// `tool_choice: {"type": "tool", "name": N}` is enforced: the output is a call of N whose
+/// input matches its `input_schema`.
+fn forced_tool_constraint(
+    model: &LoadedModel,
+    req: &MessagesRequest,
+    prepared: &PreparedPrompt,
+) -> Result<Option<Box<dyn TokenConstraint>>, ApiError> {
+    let (choice, _) = parse_tool_choice(req.tool_choice.as_ref())?;
+    let Some(ToolChoice::Named(name)) = choice else {
+        return Ok(None);
+    };
+    let Some(format) = structured::forced_tool(req.tools.as_deref().unwrap_or_default(), &name)
+    else {
+        return Ok(None);
+    };
+    if prepared.starts_in_reasoning {
+        return Err(invalid(
+            "tool_choice",
+            "this model's chat template always starts with thinking, which a forced tool cannot constrain",
+        ));
+    }
+    let grammars = model.grammars().map_err(|e| e.with_flavor(FLAVOR))?;
+    grammars
+        .constraint(&format, "tool_choice")
+        .map(Some)
+        .map_err(|e| e.with_flavor(FLAVOR))
 }
 
 pub async fn count_tokens(
@@ -416,6 +450,7 @@ pub async fn messages(
     };
     let (prepared, parallel) = prepare(&model, &req)?;
     check_context(&model, prepared.ids.len(), max_tokens, FLAVOR)?;
+    let constraint = forced_tool_constraint(&model, &req, &prepared)?;
     let sampling = super::openai::SamplingFields {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -440,7 +475,14 @@ pub async fn messages(
         parallel,
         prepared.ids.len(),
     );
-    let handle = start_job(&state, model.clone(), Job { request: job }, FLAVOR)?;
+    let job = Job {
+        request: job,
+        options: GenerationOptions {
+            logprobs: None,
+            constraint,
+        },
+    };
+    let handle = start_job(&state, model.clone(), job, FLAVOR)?;
     if req.stream.unwrap_or(false) {
         return Ok((seed_headers(seed), sse_response(handle, assembler)).into_response());
     }
@@ -709,6 +751,15 @@ impl SseAssembler for MessageAssembler {
 
     fn text(&mut self, text: &str) -> Vec<Event> {
         to_sse(self.push_text(text))
+    }
+
+    /// While a long prompt is processed: `ping` events, as Anthropic's API sends to keep
+    /// clients waiting.
+    fn progress(&mut self, progress: &super::openai::Progress) -> Vec<Event> {
+        if progress.total - progress.cached <= crate::engine::generate::PREFILL_CHUNK {
+            return Vec::new();
+        }
+        to_sse(vec![("ping", json!({"type": "ping"}))])
     }
 
     fn done(&mut self, result: Result<GenOutput, ApiError>) -> Vec<Event> {

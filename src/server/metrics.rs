@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Upper bounds (seconds) of the request latency histogram buckets.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -25,9 +25,8 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     /// Requests whose generation stopped because the client went away.
     pub cancelled_generations: AtomicU64,
-    /// Requests waiting for the model (not counting the one running).
-    pub queue_depth: AtomicUsize,
-    pub running: AtomicUsize,
+    /// Waiting / running counts and prefill progress, kept by the scheduler.
+    pub scheduler: Arc<crate::engine::scheduler::SchedulerStats>,
     /// f64 bits of the last request's prefill / decode speed.
     last_prefill_tps: AtomicU64,
     last_decode_tps: AtomicU64,
@@ -108,17 +107,31 @@ impl Metrics {
             "Generations stopped because the client disconnected.",
             self.cancelled_generations.load(Ordering::Relaxed),
         );
+        let scheduler = &self.scheduler;
+        let load = |v: &AtomicUsize| v.load(Ordering::Relaxed) as f64;
         gauge(
             &mut out,
             "strata_queue_depth",
-            "Requests waiting for the model.",
-            self.queue_depth.load(Ordering::Relaxed) as f64,
+            "Requests waiting for a generation slot.",
+            load(&scheduler.waiting),
         );
         gauge(
             &mut out,
             "strata_requests_running",
-            "Requests generating now (0 or 1).",
-            self.running.load(Ordering::Relaxed) as f64,
+            "Requests holding a generation slot (advanced step by step together).",
+            load(&scheduler.running),
+        );
+        gauge(
+            &mut out,
+            "strata_prefill_tokens_done",
+            "Prompt tokens processed so far by the requests still processing their prompt.",
+            load(&scheduler.prefill_done),
+        );
+        gauge(
+            &mut out,
+            "strata_prefill_tokens_remaining",
+            "Prompt tokens still to process by the running requests.",
+            load(&scheduler.prefill_remaining),
         );
         gauge(
             &mut out,

@@ -1,20 +1,24 @@
 //! HTTP server: OpenAI- and Anthropic-compatible endpoints over one loaded model.
 //!
-//! Requests are parsed and rendered on the async executor; generation runs on a blocking thread,
-//! one request at a time in arrival order (a fair semaphore), behind a bounded wait queue. Every
-//! request carries a cancel flag that is raised when its response (body or SSE stream) is dropped,
-//! so a client that goes away stops its generation within one token.
+//! Requests are parsed and rendered on the async executor; generation runs on the engine's
+//! scheduler thread ([`crate::engine::scheduler`]), which advances up to `parallel` requests
+//! round-robin, one step each, behind a deep FIFO wait queue (503 with `Retry-After` only past it).
+//! Every request carries a cancel flag that is raised when its response (body or SSE stream) is
+//! dropped, so a client that goes away stops its generation (and frees its slot) within one step.
 
 pub mod anthropic;
 pub mod error;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod prompt;
+pub mod responses;
+pub mod structured;
 pub mod testing;
 pub mod webui;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use axum::Router;
@@ -25,27 +29,32 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tower_http::cors::CorsLayer;
 
 use crate::chat::ChatTemplate;
 use crate::engine::Backend;
-use crate::engine::generate::{GenEvent, GenOutput, GenerateError, GenerateRequest, Generator};
+use crate::engine::generate::{GenEvent, GenOutput, GenerateError, GenerateRequest};
+use crate::engine::generation::GenerationOptions;
+use crate::engine::scheduler::{Scheduler, SchedulerConfig, Submission, SubmitError};
 use crate::sampler::SamplingParams;
+use crate::sampler::logprobs::TokenLogprobs;
 use crate::tokenizer::Tokenizer;
 pub use error::{ApiError, Flavor};
 use metrics::Metrics;
 
 /// Request bodies above this are refused with 413.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
-pub const DEFAULT_QUEUE: usize = 16;
+pub use crate::engine::scheduler::{DEFAULT_PARALLEL, DEFAULT_QUEUE};
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// When set, every route but `/health` needs `Authorization: Bearer KEY` or `x-api-key: KEY`.
     pub api_key: Option<String>,
-    /// Requests allowed to wait while one generates; more are refused with 503.
+    /// Requests allowed to wait while `parallel` generate; more are refused with 503.
     pub queue_capacity: usize,
+    /// Requests generating concurrently (interleaved step by step).
+    pub parallel: usize,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +62,7 @@ impl Default for ServerConfig {
         ServerConfig {
             api_key: None,
             queue_capacity: DEFAULT_QUEUE,
+            parallel: DEFAULT_PARALLEL,
         }
     }
 }
@@ -67,8 +77,12 @@ pub struct LoadedModel {
     pub context_length: usize,
     pub vocab_size: usize,
     /// The backend's own description ("cpu" or "gpu (<adapter name>)").
-    pub backend: String,
-    generator: Mutex<Generator>,
+    pub backend_name: String,
+    backend: Arc<dyn Backend>,
+    /// Started by [`AppState::set_model`] with the server's configuration.
+    scheduler: Option<Scheduler>,
+    /// Structured-output grammar compiler for this tokenizer, built on first use.
+    grammars: std::sync::OnceLock<Result<structured::Grammars, String>>,
 }
 
 impl LoadedModel {
@@ -82,15 +96,25 @@ impl LoadedModel {
         let context_length = backend.info().context_length;
         let vocab_size = backend.info().vocab_size;
         LoadedModel {
-            backend: backend.info().backend.clone(),
+            backend_name: backend.info().backend.clone(),
             vocab_size,
             name: name.into(),
             tokenizer,
             template,
             defaults,
             context_length,
-            generator: Mutex::new(Generator::new(backend)),
+            backend,
+            scheduler: None,
+            grammars: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The structured-output compiler (built once; its token trie covers the whole vocabulary).
+    pub(crate) fn grammars(&self) -> Result<&structured::Grammars, ApiError> {
+        self.grammars
+            .get_or_init(|| structured::Grammars::new(&self.tokenizer))
+            .as_ref()
+            .map_err(|e| ApiError::internal(format!("structured output is unavailable: {e}")))
     }
 
     /// Tokenizer, chat template and sampling defaults from the GGUF the backend was loaded from.
@@ -129,9 +153,9 @@ enum ModelSlot {
 struct Shared {
     config: ServerConfig,
     model: RwLock<ModelSlot>,
-    /// One permit: the right to generate. tokio's semaphore is fair (FIFO).
-    generate_permit: Arc<Semaphore>,
     metrics: Metrics,
+    /// Recent `/v1/responses` conversations, for `previous_response_id`.
+    responses: std::sync::Mutex<responses::ResponseStore>,
 }
 
 /// Cheap to clone; shared by every handler.
@@ -147,14 +171,28 @@ impl AppState {
             shared: Arc::new(Shared {
                 config,
                 model: RwLock::new(ModelSlot::Loading),
-                generate_permit: Arc::new(Semaphore::new(1)),
                 metrics: Metrics::default(),
+                responses: Default::default(),
             }),
         }
     }
 
-    pub fn set_model(&self, model: LoadedModel) {
-        self.set_slot(ModelSlot::Ready(Arc::new(model)));
+    /// Serve `model`: starts its scheduler with this server's `parallel` and queue settings.
+    pub fn set_model(&self, mut model: LoadedModel) {
+        let config = &self.shared.config;
+        let scheduler_config = SchedulerConfig {
+            parallel: config.parallel.max(1),
+            queue: config.queue_capacity,
+            cache_entries: crate::engine::cache::ENTRIES_PER_SLOT * config.parallel.max(1),
+        };
+        let stats = self.metrics().scheduler.clone();
+        match Scheduler::start(model.backend.clone(), scheduler_config, stats) {
+            Ok(scheduler) => {
+                model.scheduler = Some(scheduler);
+                self.set_slot(ModelSlot::Ready(Arc::new(model)));
+            }
+            Err(e) => self.set_load_error(format!("cannot start the scheduler thread: {e}")),
+        }
     }
 
     pub fn set_load_error(&self, message: impl Into<String>) {
@@ -170,6 +208,10 @@ impl AppState {
 
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    pub(crate) fn responses(&self) -> &std::sync::Mutex<responses::ResponseStore> {
+        &self.shared.responses
     }
 
     /// The model, or 503 while loading / after a failed load.
@@ -206,6 +248,8 @@ pub fn router(state: AppState) -> Router {
         .route("/chat/completions", post(openai::chat_completions))
         .route("/completions", post(openai::completions))
         .route("/models", get(openai::models))
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses", post(responses::responses))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(metrics_handler))
@@ -390,12 +434,13 @@ async fn record_request(State(state): State<AppState>, request: Request, next: N
     let start = Instant::now();
     let path = request.uri().path().to_string();
     let path = match path.as_str() {
-        "/chat/completions" | "/completions" | "/models" => format!("/v1{path}"),
+        "/chat/completions" | "/completions" | "/models" | "/responses" => format!("/v1{path}"),
         _ => path,
     };
     let endpoint = match path.as_str() {
         "/v1/chat/completions"
         | "/v1/completions"
+        | "/v1/responses"
         | "/v1/models"
         | "/v1/messages"
         | "/v1/messages/count_tokens"
@@ -500,12 +545,22 @@ fn plain_type_names(message: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // Running a generation on the blocking pool.
 
-/// What a handler hands to the generation thread.
+/// What a handler hands to the scheduler.
 pub(crate) struct Job {
     pub request: GenerateRequest,
+    pub options: GenerationOptions,
 }
 
 pub(crate) enum JobEvent {
+    /// Prompt processing: `done` of `total` tokens, `cached` of them from the prompt cache.
+    Progress {
+        done: usize,
+        total: usize,
+        cached: usize,
+        time_ms: u64,
+    },
+    /// Log-probabilities of the next token (sent before its text).
+    Logprobs(TokenLogprobs),
     /// Text as it is generated.
     Text(String),
     Done(Result<GenOutput, ApiError>),
@@ -526,146 +581,142 @@ pub(crate) struct JobHandle {
     pub _cancel: CancelOnDrop,
 }
 
-/// Admit a job to the queue (503 when full) and run it when its turn comes.
+/// Queue a job with the scheduler (503 when the wait queue is full).
 pub(crate) fn start_job(
     state: &AppState,
     model: Arc<LoadedModel>,
     job: Job,
     flavor: Flavor,
 ) -> Result<JobHandle, ApiError> {
-    let capacity = state.shared.config.queue_capacity;
-    let metrics_state = state.clone();
-    let permits = state.shared.generate_permit.clone();
-    // Count this request as waiting unless the queue is full; the one generating is not waiting.
-    let queue = &state.metrics().queue_depth;
-    let busy = permits.available_permits() == 0;
-    let waiting = queue.fetch_add(1, Ordering::SeqCst);
-    if busy && waiting >= capacity {
-        queue.fetch_sub(1, Ordering::SeqCst);
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the server is busy: one request is generating and {waiting} more are waiting (queue limit {capacity}); retry later"
-            ),
-        )
-        .with_code("queue_full")
-        .with_flavor(flavor));
-    }
+    let scheduler = model
+        .scheduler
+        .as_ref()
+        .ok_or_else(|| ApiError::internal("the model has no scheduler").with_flavor(flavor))?;
     let cancel = Arc::new(AtomicBool::new(false));
     let (sender, events) = mpsc::unbounded_channel();
-    let thread_cancel = cancel.clone();
-    tokio::spawn(async move {
-        let permit = permits.acquire_owned().await;
-        metrics_state
-            .metrics()
-            .queue_depth
-            .fetch_sub(1, Ordering::SeqCst);
-        let Ok(permit) = permit else {
-            let _ = sender.send(JobEvent::Done(Err(ApiError::internal(
-                "the generation queue was closed",
-            ))));
-            return;
+    let submission = Submission {
+        request: job.request,
+        options: job.options,
+        decoder: Box::new(crate::tokenizer::StreamDecoder::new(&model.tokenizer)),
+        cancel: cancel.clone(),
+        on_event: event_sink(state.clone(), sender.clone(), cancel.clone()),
+        on_done: Box::new(done_sink(state.clone(), sender, flavor)),
+    };
+    scheduler.submit(submission).map_err(|e| {
+        let error = match e {
+            SubmitError::QueueFull { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("{e}; retry later"))
+                    .with_code("queue_full")
+            }
+            SubmitError::Stopped => ApiError::internal(e.to_string()),
         };
-        let joined = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            run_job(&metrics_state, &model, job, &thread_cancel, &sender, flavor);
-        })
-        .await;
-        if let Err(e) = joined {
-            tracing::error!("generation thread failed: {e}");
-        }
-    });
+        error.with_flavor(flavor)
+    })?;
     Ok(JobHandle {
         events,
         _cancel: CancelOnDrop(cancel),
     })
 }
 
-fn run_job(
-    state: &AppState,
-    model: &LoadedModel,
-    job: Job,
-    cancel: &AtomicBool,
-    sender: &mpsc::UnboundedSender<JobEvent>,
+/// Forwards a generation's events to the handler; a closed channel (the response is gone)
+/// raises the cancel flag, so the generation stops at its next step.
+fn event_sink(
+    state: AppState,
+    sender: mpsc::UnboundedSender<JobEvent>,
+    cancel: Arc<AtomicBool>,
+) -> Box<dyn FnMut(GenEvent) + Send> {
+    let started = Instant::now();
+    let mut cached = None;
+    Box::new(move |event: GenEvent| {
+        let sent = match event {
+            GenEvent::Token { text, logprobs, .. } => {
+                state
+                    .metrics()
+                    .generated_tokens
+                    .fetch_add(1, Ordering::Relaxed);
+                let lp_ok = logprobs.is_none_or(|lp| sender.send(JobEvent::Logprobs(lp)).is_ok());
+                lp_ok && (text.is_empty() || sender.send(JobEvent::Text(text)).is_ok())
+            }
+            GenEvent::TrailingText(text) => sender.send(JobEvent::Text(text)).is_ok(),
+            GenEvent::PromptProgress { done, total } => {
+                let cached = *cached.get_or_insert(done);
+                sender
+                    .send(JobEvent::Progress {
+                        done,
+                        total,
+                        cached,
+                        time_ms: started.elapsed().as_millis() as u64,
+                    })
+                    .is_ok()
+            }
+        };
+        if !sent {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    })
+}
+
+/// Records a finished generation in the metrics and the log, and hands the result over.
+fn done_sink(
+    state: AppState,
+    sender: mpsc::UnboundedSender<JobEvent>,
     flavor: Flavor,
-) {
-    let metrics = state.metrics();
-    if cancel.load(Ordering::Relaxed) {
+) -> impl FnOnce(Result<GenOutput, GenerateError>) + Send + 'static {
+    move |result| {
+        let metrics = state.metrics();
+        let result = match result {
+            Ok(output) => {
+                record_output(metrics, &output);
+                Ok(output)
+            }
+            Err(e) => {
+                if matches!(e, GenerateError::Cancelled) {
+                    metrics
+                        .cancelled_generations
+                        .fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tracing::warn!("generation failed: {e}");
+                }
+                Err(generate_error_to_api(e).with_flavor(flavor))
+            }
+        };
+        let _ = sender.send(JobEvent::Done(result));
+    }
+}
+
+fn record_output(metrics: &Metrics, output: &GenOutput) {
+    metrics
+        .prompt_tokens
+        .fetch_add(output.usage.prompt_tokens as u64, Ordering::Relaxed);
+    metrics
+        .cached_prompt_tokens
+        .fetch_add(output.usage.cached_tokens as u64, Ordering::Relaxed);
+    metrics.record_speeds(
+        output.prefill_tokens_per_second(),
+        output.decode_tokens_per_second(),
+    );
+    if output.finish == crate::engine::generate::FinishReason::Cancelled {
         metrics
             .cancelled_generations
             .fetch_add(1, Ordering::Relaxed);
-        let _ = sender.send(JobEvent::Done(Err(
-            ApiError::bad_request("cancelled").with_flavor(flavor)
-        )));
-        return;
     }
-    metrics.running.store(1, Ordering::Relaxed);
-    let mut generator = match model.generator.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    let mut decoder = crate::tokenizer::StreamDecoder::new(&model.tokenizer);
-    let mut on_event = |event: GenEvent| {
-        let text = match event {
-            GenEvent::Token { text, .. } => {
-                metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-                text
-            }
-            GenEvent::TrailingText(text) => text,
-            GenEvent::PromptProgress { .. } => return,
-        };
-        // A closed channel means the response is gone: stop at the next token.
-        if !text.is_empty() && sender.send(JobEvent::Text(text)).is_err() {
-            cancel_flag_raise(cancel);
-        }
-    };
-    let result = generator.generate(&job.request, &mut decoder, cancel, &mut on_event);
-    drop(generator);
-    metrics.running.store(0, Ordering::Relaxed);
-    let result = match result {
-        Ok(output) => {
-            metrics
-                .prompt_tokens
-                .fetch_add(output.usage.prompt_tokens as u64, Ordering::Relaxed);
-            metrics
-                .cached_prompt_tokens
-                .fetch_add(output.usage.cached_tokens as u64, Ordering::Relaxed);
-            metrics.record_speeds(
-                output.prefill_tokens_per_second(),
-                output.decode_tokens_per_second(),
-            );
-            if output.finish == crate::engine::generate::FinishReason::Cancelled {
-                metrics
-                    .cancelled_generations
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            tracing::info!(
-                "generation: prompt {} tokens ({} cached) at {:.1} tok/s, {} tokens at {:.1} tok/s, seed {}, ended by {:?}",
-                output.usage.prompt_tokens,
-                output.usage.cached_tokens,
-                output.prefill_tokens_per_second(),
-                output.usage.completion_tokens,
-                output.decode_tokens_per_second(),
-                output.seed,
-                output.finish
-            );
-            Ok(output)
-        }
-        Err(e) => {
-            tracing::warn!("generation failed: {e}");
-            Err(generate_error_to_api(e).with_flavor(flavor))
-        }
-    };
-    let _ = sender.send(JobEvent::Done(result));
-}
-
-fn cancel_flag_raise(flag: &AtomicBool) {
-    flag.store(true, Ordering::Relaxed);
+    tracing::info!(
+        "generation: prompt {} tokens ({} cached) at {:.1} tok/s, {} tokens at {:.1} tok/s, seed {}, ended by {:?}",
+        output.usage.prompt_tokens,
+        output.usage.cached_tokens,
+        output.prefill_tokens_per_second(),
+        output.usage.completion_tokens,
+        output.decode_tokens_per_second(),
+        output.seed,
+        output.finish
+    );
 }
 
 pub(crate) fn generate_error_to_api(e: GenerateError) -> ApiError {
     match e {
-        GenerateError::EmptyPrompt => ApiError::bad_request(e.to_string()),
+        GenerateError::EmptyPrompt | GenerateError::Cancelled => {
+            ApiError::bad_request(e.to_string())
+        }
         GenerateError::ZeroMaxTokens => ApiError::invalid_param("max_tokens", e.to_string()),
         GenerateError::ContextOverflow { .. } => {
             ApiError::bad_request(e.to_string()).with_code("context_length_exceeded")

@@ -16,12 +16,18 @@ use super::{
     ApiError, AppState, Flavor, Job, JobEvent, JobHandle, LoadedModel, check_context, parse_body,
     random_id, seed_headers, start_job, unix_time,
 };
+use super::{logprobs, structured};
 use crate::chat::toolcall::{ParsedOutput, StreamEvent, StreamParser, ToolSpec};
 use crate::chat::{Message, ToolCall};
 use crate::engine::generate::{FinishReason, GenOutput, GenerateRequest, Usage};
+use crate::engine::generation::GenerationOptions;
 use crate::sampler::SamplingParams;
+use crate::sampler::logprobs::TokenLogprobs;
 
 const FLAVOR: Flavor = Flavor::OpenAi;
+
+/// Most `logprobs` a completions request may ask for (OpenAI's limit).
+pub const MAX_COMPLETION_LOGPROBS: i64 = 5;
 
 /// Sampling fields shared by both OpenAI endpoints (kept in each request struct rather than
 /// `#[serde(flatten)]`ed, so a bad value's error names its field).
@@ -177,6 +183,67 @@ pub struct ChatCompletionRequest {
     pub repetition_penalty: Option<f32>,
     #[serde(default, deserialize_with = "deserialize_seed")]
     pub seed: Option<u64>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// Extension: a Lark grammar the output must match.
+    #[serde(default)]
+    pub grammar: Option<Value>,
+    /// Extension: a regular expression the output must match.
+    #[serde(default)]
+    pub regex: Option<Value>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+}
+
+/// Most `top_logprobs` a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// `logprobs` / `top_logprobs` (chat): `Some(n)` when log-probabilities are wanted.
+fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> Result<Option<usize>, ApiError> {
+    let top = match top {
+        None => 0,
+        Some(n) if (0..=MAX_TOP_LOGPROBS).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+            ));
+        }
+    };
+    match logprobs {
+        Some(true) => Ok(Some(top)),
+        _ if top > 0 => Err(ApiError::invalid_param(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// The one output constraint of a request: `response_format`, or the `grammar` / `regex`
+/// extensions. Compiled here, so an unenforceable schema is a 400 before any compute.
+pub(crate) fn output_constraint(
+    model: &LoadedModel,
+    response_format: Option<&Value>,
+    grammar: Option<&Value>,
+    regex: Option<&Value>,
+) -> Result<Option<Box<dyn crate::engine::generation::TokenConstraint>>, ApiError> {
+    let format =
+        structured::parse_response_format(response_format)?.map(|f| (f, "response_format"));
+    let extension = structured::parse_extensions(grammar, regex)?;
+    let (format, param) = match (format, extension) {
+        (Some(_), Some((_, name))) => {
+            return Err(ApiError::invalid_param(
+                name,
+                format!("give either response_format or {name}, not both"),
+            ));
+        }
+        (Some(f), None) | (None, Some(f)) => f,
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(model.grammars()?.constraint(&format, param)?))
 }
 
 /// `stop`: a string or an array of strings.
@@ -417,6 +484,7 @@ fn parse_tool_choice(value: Option<&Value>) -> Result<Option<ToolChoice>, ApiErr
 pub struct PreparedChat {
     pub prepared: PreparedPrompt,
     pub job: GenerateRequest,
+    pub options: GenerationOptions,
     pub stream: bool,
     pub include_usage: bool,
     pub parallel_tool_calls: bool,
@@ -479,7 +547,31 @@ pub fn prepare_chat_request(
     }
     let sampling = sampling_fields!(req).resolve(&model.defaults, FLAVOR)?;
     let stop_strings = parse_stop(req.stop.as_ref(), "stop", FLAVOR)?;
+    let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
+    let mut constraint = output_constraint(
+        model,
+        req.response_format.as_ref(),
+        req.grammar.as_ref(),
+        req.regex.as_ref(),
+    )?;
+    if constraint.is_none()
+        && let Some(ToolChoice::Named(name)) = &chat.tool_choice
+        && let Some(format) = structured::forced_tool(&chat.tools, name)
+    {
+        // A named tool_choice is enforced: the output is that call, arguments per its schema.
+        constraint = Some(model.grammars()?.constraint(&format, "tool_choice")?);
+    }
+    if constraint.is_some() {
+        // The constraint covers the whole output: no free-form thinking before it.
+        chat.enable_thinking = Some(false);
+    }
     let prepared = prompt::prepare_chat(model, chat, FLAVOR)?;
+    if constraint.is_some() && prepared.starts_in_reasoning {
+        return Err(ApiError::invalid_param(
+            "response_format",
+            "this model's chat template always starts with thinking, which structured output cannot constrain",
+        ));
+    }
     let (param, value) = match req.max_completion_tokens {
         Some(v) => ("max_completion_tokens", Some(v)),
         None => ("max_tokens", req.max_tokens),
@@ -497,6 +589,10 @@ pub fn prepare_chat_request(
     Ok(PreparedChat {
         prepared,
         job,
+        options: GenerationOptions {
+            logprobs,
+            constraint,
+        },
         stream: req.stream.unwrap_or(false),
         include_usage: req.stream_options.map(|o| o.include_usage).unwrap_or(false),
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
@@ -518,19 +614,30 @@ pub async fn chat_completions(
         chat.parallel_tool_calls,
         chat.prepared.tool_call_required,
     );
-    let handle = start_job(&state, model.clone(), Job { request: chat.job }, FLAVOR)?;
+    let wants_logprobs = chat.options.logprobs.is_some();
+    let job = Job {
+        request: chat.job,
+        options: chat.options,
+    };
+    let handle = start_job(&state, model.clone(), job, FLAVOR)?;
     if chat.stream {
         let stream = ChatStreamer {
             assembler,
             include_usage: chat.include_usage,
             seed,
+            tokenizer: model.tokenizer.clone(),
+            pending_logprobs: Vec::new(),
         };
         return Ok((seed_headers(seed), sse_response(handle, stream)).into_response());
     }
     let (text, output) = collect(handle).await?;
     let mut assembler = assembler;
     assembler.push_text(&text);
-    let body = assembler.into_response(&output);
+    let mut body = assembler.into_response(&output);
+    if wants_logprobs {
+        body["choices"][0]["logprobs"] =
+            logprobs::chat_logprobs(&model.tokenizer, &output.logprobs);
+    }
     Ok((seed_headers(seed), axum::Json(body)).into_response())
 }
 
@@ -541,6 +648,7 @@ pub(crate) async fn collect(mut handle: JobHandle) -> Result<(String, GenOutput)
         match event {
             JobEvent::Text(t) => text.push_str(&t),
             JobEvent::Done(result) => return result.map(|o| (text, o)),
+            JobEvent::Progress { .. } | JobEvent::Logprobs(_) => {}
         }
     }
     Err(ApiError::internal(
@@ -552,8 +660,34 @@ pub(crate) async fn collect(mut handle: JobHandle) -> Result<(String, GenOutput)
 pub(crate) trait SseAssembler: Send + 'static {
     fn start(&mut self) -> Vec<Event>;
     fn text(&mut self, text: &str) -> Vec<Event>;
+    /// Prompt processing progress (sent before the first token and after each prompt chunk).
+    fn progress(&mut self, _progress: &Progress) -> Vec<Event> {
+        Vec::new()
+    }
+    /// Log-probabilities of the token whose text comes next.
+    fn logprobs(&mut self, _logprobs: TokenLogprobs) {}
     /// The last events; the stream ends after them.
     fn done(&mut self, result: Result<GenOutput, ApiError>) -> Vec<Event>;
+}
+
+/// Prompt processing progress, as llama.cpp's server reports it (`prompt_progress`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Progress {
+    pub done: usize,
+    pub total: usize,
+    pub cached: usize,
+    pub time_ms: u64,
+}
+
+impl Progress {
+    pub fn json(&self) -> Value {
+        json!({
+            "total": self.total,
+            "cache": self.cached,
+            "processed": self.done,
+            "time_ms": self.time_ms,
+        })
+    }
 }
 
 /// An SSE response fed by a job. Dropping the response (client gone) drops the job handle, which
@@ -569,6 +703,25 @@ pub(crate) fn sse_response<A: SseAssembler>(handle: JobHandle, mut assembler: A)
             Some(JobEvent::Text(t)) => {
                 let events = assembler.text(&t);
                 Some((events, (handle, assembler, false)))
+            }
+            Some(JobEvent::Progress {
+                done,
+                total,
+                cached,
+                time_ms,
+            }) => {
+                let progress = Progress {
+                    done,
+                    total,
+                    cached,
+                    time_ms,
+                };
+                let events = assembler.progress(&progress);
+                Some((events, (handle, assembler, false)))
+            }
+            Some(JobEvent::Logprobs(lp)) => {
+                assembler.logprobs(lp);
+                Some((Vec::new(), (handle, assembler, false)))
             }
             Some(JobEvent::Done(result)) => {
                 let events = assembler.done(result);
@@ -801,6 +954,28 @@ struct ChatStreamer {
     assembler: ChatAssembler,
     include_usage: bool,
     seed: u64,
+    tokenizer: crate::tokenizer::Tokenizer,
+    /// Log-probabilities of tokens whose text has not been sent in a chunk yet.
+    pending_logprobs: Vec<TokenLogprobs>,
+}
+
+impl ChatStreamer {
+    /// Put the pending log-probabilities on the first of `chunks`.
+    fn attach_logprobs(&mut self, chunks: &mut [Value]) {
+        if self.pending_logprobs.is_empty() {
+            return;
+        }
+        if let Some(first) = chunks.first_mut() {
+            first["choices"][0]["logprobs"] =
+                logprobs::chat_logprobs(&self.tokenizer, &self.pending_logprobs);
+            self.pending_logprobs.clear();
+        }
+    }
+}
+
+/// Progress is streamed only for prompts long enough to take more than one prefill chunk.
+fn worth_reporting(progress: &Progress) -> bool {
+    progress.total - progress.cached > crate::engine::generate::PREFILL_CHUNK
 }
 
 impl SseAssembler for ChatStreamer {
@@ -808,15 +983,31 @@ impl SseAssembler for ChatStreamer {
         vec![data(&self.assembler.first_chunk())]
     }
 
+    fn progress(&mut self, progress: &Progress) -> Vec<Event> {
+        if !worth_reporting(progress) {
+            return Vec::new();
+        }
+        let mut chunk = self.assembler.chunk(json!({}), None);
+        chunk["prompt_progress"] = progress.json();
+        vec![data(&chunk)]
+    }
+
+    fn logprobs(&mut self, logprobs: TokenLogprobs) {
+        self.pending_logprobs.push(logprobs);
+    }
+
     fn text(&mut self, text: &str) -> Vec<Event> {
-        self.assembler.push_text(text).iter().map(data).collect()
+        let mut chunks = self.assembler.push_text(text);
+        self.attach_logprobs(&mut chunks);
+        chunks.iter().map(data).collect()
     }
 
     fn done(&mut self, result: Result<GenOutput, ApiError>) -> Vec<Event> {
         let mut events = Vec::new();
         match result {
             Ok(output) => {
-                let (chunks, _) = self.assembler.finish_chunks(&output.finish);
+                let (mut chunks, _) = self.assembler.finish_chunks(&output.finish);
+                self.attach_logprobs(&mut chunks);
                 events.extend(chunks.iter().map(data));
                 if self.include_usage {
                     let mut usage_chunk = self.assembler.chunk(json!({}), None);
@@ -853,6 +1044,15 @@ pub struct CompletionRequest {
     pub n: Option<i64>,
     #[serde(default)]
     pub echo: Option<bool>,
+    /// Log-probabilities of the sampled token and of this many most likely ones (0–5).
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub grammar: Option<Value>,
+    #[serde(default)]
+    pub regex: Option<Value>,
     #[serde(default)]
     pub temperature: Option<f32>,
     #[serde(default)]
@@ -928,6 +1128,22 @@ pub async fn completions(
     }
     let sampling = sampling_fields!(req).resolve(&model.defaults, FLAVOR)?;
     let seed = sampling.seed.unwrap_or_default();
+    let logprobs = match req.logprobs {
+        None => None,
+        Some(n) if (0..=MAX_COMPLETION_LOGPROBS).contains(&n) => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!("logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {n}"),
+            ));
+        }
+    };
+    let constraint = output_constraint(
+        &model,
+        req.response_format.as_ref(),
+        req.grammar.as_ref(),
+        req.regex.as_ref(),
+    )?;
     let max_tokens = resolve_max_tokens(req.max_tokens, "max_tokens", &model, ids.len(), FLAVOR)?;
     check_context(&model, ids.len(), max_tokens, FLAVOR)?;
     let job = GenerateRequest {
@@ -952,8 +1168,18 @@ pub async fn completions(
         model: model.name.clone(),
         include_usage: req.stream_options.map(|o| o.include_usage).unwrap_or(false),
         echo,
+        tokenizer: model.tokenizer.clone(),
+        pending_logprobs: Vec::new(),
+        text_len: 0,
     };
-    let handle = start_job(&state, model.clone(), Job { request: job }, FLAVOR)?;
+    let job = Job {
+        request: job,
+        options: GenerationOptions {
+            logprobs,
+            constraint,
+        },
+    };
+    let handle = start_job(&state, model.clone(), job, FLAVOR)?;
     if req.stream.unwrap_or(false) {
         return Ok((seed_headers(seed), sse_response(handle, streamer)).into_response());
     }
@@ -968,7 +1194,10 @@ pub async fn completions(
         "choices": [{
             "index": 0,
             "text": format!("{}{text}", streamer.echo),
-            "logprobs": null,
+            "logprobs": match logprobs {
+                Some(_) => logprobs::completion_logprobs(&model.tokenizer, &output.logprobs, streamer.echo.len()),
+                None => Value::Null,
+            },
             "finish_reason": finish_reason(&output.finish, false),
         }],
         "usage": usage_json(&output.usage),
@@ -982,6 +1211,10 @@ struct CompletionStreamer {
     model: String,
     include_usage: bool,
     echo: String,
+    tokenizer: crate::tokenizer::Tokenizer,
+    pending_logprobs: Vec<TokenLogprobs>,
+    /// Text sent so far (for `text_offset`).
+    text_len: usize,
 }
 
 impl CompletionStreamer {
@@ -1006,17 +1239,46 @@ impl SseAssembler for CompletionStreamer {
         }
     }
 
+    fn logprobs(&mut self, logprobs: TokenLogprobs) {
+        self.pending_logprobs.push(logprobs);
+    }
+
+    fn progress(&mut self, progress: &Progress) -> Vec<Event> {
+        if !worth_reporting(progress) {
+            return Vec::new();
+        }
+        let mut chunk = self.chunk("", None);
+        chunk["prompt_progress"] = progress.json();
+        vec![data(&chunk)]
+    }
+
     fn text(&mut self, text: &str) -> Vec<Event> {
-        vec![data(&self.chunk(text, None))]
+        let mut chunk = self.chunk(text, None);
+        if !self.pending_logprobs.is_empty() {
+            let offset = self.echo.len() + self.text_len;
+            chunk["choices"][0]["logprobs"] =
+                logprobs::completion_logprobs(&self.tokenizer, &self.pending_logprobs, offset);
+            self.pending_logprobs.clear();
+        }
+        self.text_len += text.len();
+        vec![data(&chunk)]
     }
 
     fn done(&mut self, result: Result<GenOutput, ApiError>) -> Vec<Event> {
         let mut events = Vec::new();
         match result {
             Ok(output) => {
-                events.push(data(
-                    &self.chunk("", Some(finish_reason(&output.finish, false))),
-                ));
+                let mut last = self.chunk("", Some(finish_reason(&output.finish, false)));
+                if !self.pending_logprobs.is_empty() {
+                    let offset = self.echo.len() + self.text_len;
+                    last["choices"][0]["logprobs"] = logprobs::completion_logprobs(
+                        &self.tokenizer,
+                        &self.pending_logprobs,
+                        offset,
+                    );
+                    self.pending_logprobs.clear();
+                }
+                events.push(data(&last));
                 if self.include_usage {
                     let mut usage_chunk = self.chunk("", None);
                     usage_chunk["choices"] = json!([]);

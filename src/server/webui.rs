@@ -147,7 +147,7 @@ pub async fn monitor(State(state): State<AppState>) -> Response {
 fn model_json(m: &LoadedModel) -> Value {
     json!({
         "name": m.name,
-        "backend": m.backend,
+        "backend": m.backend_name,
         "context_length": m.context_length,
         "vocab_size": m.vocab_size,
         "chat_template": m.template.is_some(),
@@ -182,8 +182,8 @@ fn throughput_json(state: &AppState) -> Value {
 fn queue_json(state: &AppState) -> Value {
     let m = state.metrics();
     json!({
-        "waiting": m.queue_depth.load(Ordering::Relaxed),
-        "running": m.running.load(Ordering::Relaxed),
+        "waiting": m.scheduler.waiting.load(Ordering::Relaxed),
+        "running": m.scheduler.running.load(Ordering::Relaxed),
         "capacity": state.shared.config.queue_capacity,
     })
 }
