@@ -214,7 +214,13 @@ fn matvec_matches_cpu_and_is_batch_invariant() {
             Some(row_bytes * 10),
         )
         .expect("upload split");
-        assert_eq!(w_split.parts.len(), 4, "37 rows at 10 rows per part");
+        // 37 rows at (at most) 10 rows per part: 4 parts, or 5 for the split layouts, whose
+        // 16-byte plane padding leaves room for 9 rows (src/gpu/layout.rs).
+        assert!(
+            (4..=5).contains(&w_split.parts.len()),
+            "{name}: {} parts",
+            w_split.parts.len()
+        );
         let xb = GpuBuf::from_f32(&ctx, "x", &x).expect("x");
         let batched = GpuBuf::zeros(&ctx, "y", items * rows).expect("y");
         let single = GpuBuf::zeros(&ctx, "y1", items * rows).expect("y1");

@@ -19,6 +19,7 @@ use strata::model::CpuBackend;
 const TOLERANCE: f32 = 1e-4;
 const MIN_QSA_MARGIN: f32 = 1e-3;
 const PROMPTS: [&str; 4] = ["p1", "p7", "p64eos", "p300"];
+const TEACHER_PROMPTS: [&str; 3] = ["p7", "p64eos", "p300"];
 const DECODE_STEPS: usize = 31;
 
 /// Opens a fixture GGUF (all shipped in `tests/fixtures/tiny`; Q6_K rebuilt from its part file).
@@ -87,8 +88,15 @@ fn check_type(ty: &str) {
     for prompt in PROMPTS {
         let ids = prompt_ids(prompt);
         let n = ids.len();
-        let teacher = read(&ref_dir.join(format!("{prompt}.teacher_logits.npy")));
-        let gen_tokens = teacher_tokens(&backend, ty, prompt, &ids, &teacher);
+        // Teacher-forced decode rows: every prompt but the one-token p1, whose reference files
+        // are left out to keep the fixtures under 20 MB (p7, p64eos and p300 cover decode).
+        let teacher = TEACHER_PROMPTS
+            .contains(&prompt)
+            .then(|| read(&ref_dir.join(format!("{prompt}.teacher_logits.npy"))));
+        let gen_tokens = match &teacher {
+            Some(t) => teacher_tokens(&backend, ty, prompt, &ids, t),
+            None => Vec::new(),
+        };
         let mut tokens = ids.clone();
         tokens.extend(&gen_tokens);
 
@@ -129,6 +137,12 @@ fn check_type(ty: &str) {
         let teacher_margin = margins(&margin_dir.join(format!("{prompt}.qsa_margin_teacher.npy")));
         let mut worst_teacher = 0.0f32;
         let mut teacher_rows = 0;
+        let Some(teacher) = teacher else {
+            report.push(format!(
+                "{ty} {prompt}: prompt max |Δ| {worst_prompt:.2e} over {checked}/{n} positions"
+            ));
+            continue;
+        };
         for k in 0..=gen_tokens.len() {
             let position = n - 1 + k;
             if teacher_margin
