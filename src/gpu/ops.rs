@@ -783,6 +783,28 @@ pub fn moe_router(
     )
 }
 
+/// Checks the combine's inputs; returns the shared-expert output and gate buffers to bind (the
+/// routing weights stand in when there is no shared expert) and the has-shared flag.
+fn combine_inputs<'a>(
+    expert_out: &GpuBuf,
+    weights: &'a GpuBuf,
+    shared: Option<(&'a GpuBuf, &'a GpuBuf)>,
+    h: usize,
+    k: usize,
+    tokens: usize,
+) -> Result<(&'a GpuBuf, &'a GpuBuf, u32), GpuError> {
+    need(expert_out, tokens * k * h, "expert outputs")?;
+    need(weights, tokens * k, "routing weights")?;
+    match shared {
+        Some((sh, sg)) => {
+            need(sh, tokens * h, "shared expert output")?;
+            need(sg, tokens, "shared gate")?;
+            Ok((sh, sg, 1))
+        }
+        None => Ok((weights, weights, 0)),
+    }
+}
+
 /// y = sum_slot w * expert_out (+ sigmoid(shared_gate) * shared).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
@@ -796,17 +818,8 @@ pub fn moe_combine(
     k: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    need(expert_out, tokens * k * h, "expert outputs")?;
-    need(weights, tokens * k, "routing weights")?;
     need(y, tokens * h, "moe output")?;
-    let (sh, sg, has) = match shared {
-        Some((sh, sg)) => {
-            need(sh, tokens * h, "shared expert output")?;
-            need(sg, tokens, "shared gate")?;
-            (sh, sg, 1)
-        }
-        None => (weights, weights, 0),
-    };
+    let (sh, sg, has) = combine_inputs(expert_out, weights, shared, h, k, tokens)?;
     rec.push(
         ctx,
         &PipelineKey::new("moe", "moe_combine"),
@@ -838,18 +851,9 @@ pub fn moe_combine_hc(
     k: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    need(expert_out, tokens * k * h, "expert outputs")?;
-    need(weights, tokens * k, "routing weights")?;
     need(wide, tokens * h * hc, "residual")?;
     need(inject, tokens * hc, "injection logits")?;
-    let (sh, sg, has) = match shared {
-        Some((sh, sg)) => {
-            need(sh, tokens * h, "shared expert output")?;
-            need(sg, tokens, "shared gate")?;
-            (sh, sg, 1)
-        }
-        None => (weights, weights, 0),
-    };
+    let (sh, sg, has) = combine_inputs(expert_out, weights, shared, h, k, tokens)?;
     rec.push(
         ctx,
         &PipelineKey::new("moe", "moe_combine_hc"),
