@@ -69,15 +69,14 @@ fn gdn_conv(@builtin(global_invocation_id) id: vec3<u32>) {
 @group(0) @binding(8) var<storage, read_write> O: array<f32>;    // [T, n_v_heads*dv]
 
 const MAX_DK: u32 = 128u;
-// A workgroup owns COL_LANES value columns of one head; the key dimension of each column is split
-// over KEY_GROUPS invocations holding KEY_PER_THREAD state entries each (i = g + KEY_GROUPS * j),
-// in registers. (One invocation per column walking all 128 keys kept its state in a dynamically
-// indexed private array, i.e. in local memory, and ran 256 dependent steps per token.)
-const COL_LANES: u32 = 32u;
-const KEY_GROUPS: u32 = 8u;
+// A quad of 4 subgroup lanes owns one value column of one head; lane g of the quad holds the
+// state entries i = g + KEY_GROUPS * j (KEY_PER_THREAD of them) in registers. The key-dimension
+// dot products are per-lane partial sums in key order, then `quad_sum`: two xor shuffles, no
+// barrier (a workgroup barrier per sum, 20 per token, was the old form's cost).
+const KEY_GROUPS: u32 = 4u;
 const KEY_PER_THREAD: u32 = MAX_DK / KEY_GROUPS;
-
-var<workgroup> partial: array<f32, 256>; // [KEY_GROUPS][COL_LANES]
+const REC_WG: u32 = 64u;
+const COLS_PER_WG: u32 = REC_WG / KEY_GROUPS;
 
 fn softplus(v: f32) -> f32 {
     if (v > 20.0) {
@@ -86,34 +85,27 @@ fn softplus(v: f32) -> f32 {
     return log(1.0 + exp(v));
 }
 
-// Sum of the KEY_GROUPS partials of column lane `x`, always in the same binary-tree order
-// (groups 0+4, 1+5, ... then 0+2, 1+3, then 0+1), so the result never depends on the token count.
-fn key_sum(v: f32, x: u32, g: u32) -> f32 {
-    partial[g * COL_LANES + x] = v;
-    workgroupBarrier();
-    for (var half = KEY_GROUPS / 2u; half > 0u; half >>= 1u) {
-        if (g < half) {
-            partial[g * COL_LANES + x] = partial[g * COL_LANES + x] + partial[(g + half) * COL_LANES + x];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[x];
-    // Everyone has read the total before the next call overwrites the slots.
-    workgroupBarrier();
-    return total;
+// The quad's sum, (v0 + v1) + (v2 + v3) on every lane of the quad: the same bits on each (a sum
+// of two values does not depend on their order), whatever the token count or subgroup size.
+fn quad_sum(v: vec2<f32>) -> vec2<f32> {
+    let a = v + subgroupShuffleXor(v, 1u);
+    return a + subgroupShuffleXor(a, 2u);
 }
 
-// Workgroup (column block, value head); invocation (column lane x, key group g). Per token, each
-// column's two key-dimension dot products are partial sums in key order per group, then
-// `key_sum`; the state update is elementwise. Tokens are walked in order.
-@compute @workgroup_size(32, 8)
-fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let x = lid.x;
-    let g = lid.y;
+// Workgroup (column block, value head) of REC_WG invocations; the quads are formed from subgroup
+// lanes (any subgroup size from 4 up). Per token: L2 norms of k and q, the decayed state's
+// prediction, the delta update and the output, tokens walked in order.
+@compute @workgroup_size(REC_WG)
+fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>,
+                  @builtin(subgroup_id) sg_id: u32,
+                  @builtin(subgroup_size) sg_size: u32,
+                  @builtin(subgroup_invocation_id) lane: u32) {
+    let g = lane % KEY_GROUPS;
+    let quad = (sg_id * sg_size + lane) / KEY_GROUPS;
     let head = wg.y;
-    let col = wg.x * COL_LANES + x;
-    // No early return: every invocation takes part in the barriers.
-    let column_valid = col < p.dv && head < p.n_v_heads;
+    let col = wg.x * COLS_PER_WG + quad;
+    // No early return: every lane takes part in the shuffles.
+    let column_valid = quad < COLS_PER_WG && col < p.dv && head < p.n_v_heads;
     let kh = head % p.n_k_heads; // GGUF (tiled) value-head order
     let base = head * p.dk * p.dv;
     var s: array<f32, KEY_PER_THREAD>;
@@ -154,8 +146,9 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             qq = fma(qv[j], qv[j], qq);
         }
         // L2 norms of k and q (model-spec 2.6, eps inside the sqrt), q also scaled by 1/sqrt(dk).
-        let k_inv = 1.0 / sqrt(key_sum(kk, x, g) + 1e-6);
-        let q_inv = 1.0 / sqrt(key_sum(qq, x, g) + 1e-6) * (1.0 / sqrt(f32(p.dk)));
+        let norms = quad_sum(vec2<f32>(kk, qq));
+        let k_inv = 1.0 / sqrt(norms.x + 1e-6);
+        let q_inv = 1.0 / sqrt(norms.y + 1e-6) * (1.0 / sqrt(f32(p.dk)));
         var predicted = 0.0;
         for (var j = 0u; j < KEY_PER_THREAD; j++) {
             kv[j] = kv[j] * k_inv;
@@ -163,13 +156,13 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             s[j] *= decay;
             predicted += s[j] * kv[j];
         }
-        let delta = (v - key_sum(predicted, x, g)) * beta;
+        let delta = (v - quad_sum(vec2<f32>(predicted, 0.0)).x) * beta;
         var out = 0.0;
         for (var j = 0u; j < KEY_PER_THREAD; j++) {
             s[j] += kv[j] * delta;
             out += s[j] * qv[j];
         }
-        let total = key_sum(out, x, g);
+        let total = quad_sum(vec2<f32>(out, 0.0)).x;
         if (column_valid && g == 0u) {
             O[t * nv * p.dv + head * p.dv + col] = total;
         }

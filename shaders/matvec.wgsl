@@ -16,7 +16,10 @@
 //   entry points  matvec: y rows; matvec_seg: rows split over three outputs (concatenated
 //                 weights); matvec_mix: the hyper-connection mix of the rows (i + s*h) as in
 //                 hc.wgsl's hc_mix_out; matvec_combine: y added into the wide residual as in
-//                 hc.wgsl's hc_combine; matvec_expert: one expert per item (ids from the router).
+//                 hc.wgsl's hc_combine; matvec_expert: one expert per item (ids from the router);
+//                 matvec_group: the items of each expert in tiles (prefill, grouped by moe_group).
+// A tile's vectors start at x_base + XS.x, .y, .z, .w (XS.x = 0): evenly spaced for the dense
+// entries, gathered for matvec_group. The row bodies read them through XS only.
 
 struct Params {
     rows: u32,          // rows per matrix in this part (per expert in expert mode)
@@ -46,6 +49,8 @@ struct Params {
     hc: u32,            // matvec_mix / matvec_combine: streams
     h: u32,             // matvec_mix / matvec_combine: stream width
     item0: u32,         // first vector of this dispatch (tiles of ITEMS vectors follow)
+    group_base: u32,    // matvec_group: where the item lists start in IDS (after the counts)
+    group_cap: u32,     // matvec_group: room per expert's list
 }
 
 var<immediate> p: Params;
@@ -72,23 +77,35 @@ override ROWS: u32 = 2u;
 override ITEMS: u32 = 1u;
 override X_MODE: u32 = 0u;
 
+// Offsets of the tile's vectors from the first one's (see the header).
+var<private> XS: vec4<u32>;
+
 fn silu4(v: vec4<f32>) -> vec4<f32> {
     return v / (vec4<f32>(1.0) + exp(-v));
 }
 
-// x[4i .. 4i+4] after the x transform.
-fn load_x4(i: u32) -> vec4<f32> {
+// The x transform of 4 values `v` (and, for SwiGLU, their up values `u`). The one place its
+// arithmetic is written: load_x4 applies it on load, xform_in_place ahead of a prefill mat-vec.
+fn xform4(v: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
     switch X_MODE {
         case 1u: {
-            return silu4(X[i]) * X[i + (p.x_half >> 2u)];
+            return silu4(v) * u;
         }
         case 2u: {
-            return silu4(X[i] * p.x_scale);
+            return silu4(v * p.x_scale);
         }
         default: {
-            return X[i];
+            return v;
         }
     }
+}
+
+// x[4i .. 4i+4] after the x transform.
+fn load_x4(i: u32) -> vec4<f32> {
+    if (X_MODE == 1u) {
+        return xform4(X[i], X[i + (p.x_half >> 2u)]);
+    }
+    return xform4(X[i], vec4<f32>(0.0));
 }
 
 // Results of up to 4 rows (r0..r3) for TILE vectors (components). Named fields and select-based
@@ -137,6 +154,7 @@ fn tile_of(wg: vec3<u32>) -> Tile {
     if (first_item + ITEMS > p.items) {
         n_items = 0u;
     }
+    XS = vec4<u32>(0u, 1u, 2u, 3u) * p.x_stride;
     return Tile(first_item, n_items, p.x_offset + first_item * p.x_stride);
 }
 
@@ -336,6 +354,7 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
         x_index = item / p.slots;
     }
     let x_base = p.x_offset + x_index * p.x_stride;
+    XS = vec4<u32>(0u);
     let first_row = (expert - p.expert_first) * p.rows;
     for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
         let row = wg.x * p.rows_per_wg * ROWS + r;
@@ -352,4 +371,88 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
     }
+}
+
+// The x vector of expert item `item`.
+fn item_x(item: u32) -> u32 {
+    var x_index = item;
+    if (p.x_per_item == 0u) {
+        x_index = item / p.slots;
+    }
+    return p.x_offset + x_index * p.x_stride;
+}
+
+// Prefill with the items grouped by expert (moe.wgsl's moe_group: IDS[e] items for expert e, in
+// ascending order from IDS[group_base + e * group_cap]). Workgroup (x: row block, y: expert of
+// this part); each subgroup runs its rows over the expert's items in tiles of ITEMS, the last tile
+// padded by repeating its last item (computed, never stored). Each (item, row) is the same
+// rows_dot arithmetic as matvec_expert's, so grouping never changes a bit.
+@compute @workgroup_size(WG)
+fn matvec_group(@builtin(workgroup_id) wg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32,
+                @builtin(subgroup_id) sg_id: u32,
+                @builtin(num_subgroups) n_sg: u32,
+                @builtin(subgroup_invocation_id) lane: u32,
+                @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let local_expert = wg.y;
+    if (local_expert >= p.expert_count) {
+        return;
+    }
+    let expert = p.expert_first + local_expert;
+    let count = IDS[expert];
+    let list = p.group_base + expert * p.group_cap;
+    let first_row = local_expert * p.rows;
+    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
+        let row = wg.x * p.rows_per_wg * ROWS + r;
+        if (row >= p.rows) {
+            break;
+        }
+        let n_rows = min(ROWS, p.rows - row);
+        for (var j = 0u; j < count; j += ITEMS) {
+            let last = count - 1u;
+            let items = vec4<u32>(IDS[list + j], IDS[list + min(j + 1u, last)],
+                                  IDS[list + min(j + 2u, last)], IDS[list + min(j + 3u, last)]);
+            let xb = vec4<u32>(item_x(items.x), item_x(items.y), item_x(items.z), item_x(items.w));
+            XS = xb - vec4<u32>(xb.x);
+            let acc = rows_dot(first_row + row, 1u, n_rows, xb.x, ITEMS, lane, sg_size);
+            if (lane == 0u) {
+                for (var jr = 0u; jr < ROWS; jr++) {
+                    for (var i = 0u; i < TILE; i++) {
+                        if (jr < n_rows && i < ITEMS && j + i < count) {
+                            let item = comp_u(items, i);
+                            Y[item * p.y_stride + p.y_offset + row + jr] = comp(acc_row(acc, jr), i);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn comp_u(v: vec4<u32>, i: u32) -> u32 {
+    return select(select(v.x, v.y, i == 1u), select(v.z, v.w, i == 3u), i >= 2u);
+}
+
+// The x transform applied once, in place, to `items` vectors of `k` values (k / 4 vec4 each) from
+// x_offset, x_stride apart (a SwiGLU writes its result over the gate half). Prefill runs it before
+// a plain mat-vec instead of transforming every x load of every row group; xform4 is the same
+// arithmetic either way, so the mat-vec sees the same bits.
+@group(0) @binding(9) var<storage, read_write> XW: array<vec4<f32>>;
+
+@compute @workgroup_size(64)
+fn xform_in_place(@builtin(global_invocation_id) gid: vec3<u32>,
+                  @builtin(workgroup_id) wg: vec3<u32>) {
+    let i = gid.x;
+    let item = wg.y + wg.z * 65535u;
+    if (i >= (p.k >> 2u) || item >= p.items) {
+        return;
+    }
+    let at = ((p.x_offset + item * p.x_stride) >> 2u) + i;
+    var u = vec4<f32>(0.0);
+    if (X_MODE == 1u) {
+        u = XW[at + (p.x_half >> 2u)];
+    }
+    XW[at] = xform4(XW[at], u);
 }

@@ -2,6 +2,9 @@
 //   moe_router: per token: softmax over all experts (in place), top-k with the lowest id winning
 //               ties (best first), weights renormalised over the chosen k. One workgroup per
 //               token, fixed reduction trees, so the result has one fixed order.
+//   moe_group:  the chunk's (token, slot) items grouped by expert for prefill: GROUPS[e] = how many
+//               items chose expert e, their item indices (token * k + slot) in ascending order from
+//               GROUPS[n_expert + e * tokens]. Integer prefix sums only: one fixed result.
 //   moe_combine: Y[t, i] = sum_slot W[t,slot] * D[t*k+slot, i]  (slots in order)
 //                          + sigmoid(SG[t]) * SH[t, i]          (shared expert, when present)
 //   moe_combine_hc: the same sum added into the wide residual as hc.wgsl's hc_combine does:
@@ -66,21 +69,38 @@ struct Ranked {
     id: u32,
 }
 
-// The best-ranked (value, id) over the workgroup; ids are distinct, so the winner does not
-// depend on the tree's shape.
-fn tree_best(v: f32, e: u32, lid: u32) -> Ranked {
-    red_value[lid] = v;
-    red_id[lid] = e;
-    workgroupBarrier();
-    for (var s = ROUTER_WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s && ranks_before(red_value[lid + s], red_id[lid + s], red_value[lid], red_id[lid])) {
-            red_value[lid] = red_value[lid + s];
-            red_id[lid] = red_id[lid + s];
-        }
-        workgroupBarrier();
+// Per-subgroup winners of a top-k round, two rounds' worth (by parity: a round's slots are
+// rewritten two rounds later, after every invocation has passed the round in between).
+var<workgroup> sg_best_v: array<f32, 2u * ROUTER_WG>;
+var<workgroup> sg_best_e: array<u32, 2u * ROUTER_WG>;
+
+// The best-ranked (value, id) over the workgroup: each subgroup's best by subgroupMax of the
+// value and subgroupMin of the ids holding it (both exact), then the subgroups' winners in a
+// fixed scan. Ids are distinct and the ranking is a strict order, so the winner is the one the
+// ranking defines, whatever the subgroup size. One barrier. A NaN candidate never wins (NaN
+// probabilities leave every slot without an expert, which the caller reports).
+fn workgroup_best(v: f32, e: u32, lane_sg: vec3<u32>, parity: u32) -> Ranked {
+    let sg_id = lane_sg.x;
+    let n_sg = lane_sg.y;
+    let lane = lane_sg.z;
+    let valid = e != NO_EXPERT && v == v;
+    let key = select(-1.0, v, valid);
+    let m = subgroupMax(key);
+    let id = subgroupMin(select(NO_EXPERT, e, valid && key == m));
+    let slot = parity * ROUTER_WG;
+    if (lane == 0u) {
+        sg_best_v[slot + sg_id] = m;
+        sg_best_e[slot + sg_id] = id;
     }
-    let best = Ranked(red_value[0], red_id[0]);
     workgroupBarrier();
+    var best = Ranked(0.0, NO_EXPERT);
+    for (var g = 0u; g < n_sg; g++) {
+        let gv = sg_best_v[slot + g];
+        let ge = sg_best_e[slot + g];
+        if (ranks_before(gv, ge, best.value, best.id)) {
+            best = Ranked(gv, ge);
+        }
+    }
     return best;
 }
 
@@ -89,7 +109,9 @@ fn tree_best(v: f32, e: u32, lid: u32) -> Ranked {
 // the best-ranked expert ranked after slot s-1's choice, which is the original "best of the
 // experts not yet taken" without a taken list.
 @compute @workgroup_size(ROUTER_WG)
-fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
+              @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) n_sg: u32,
+              @builtin(subgroup_invocation_id) lane: u32) {
     let t = wg.x + wg.y * 65535u;
     // Uniform per workgroup, so the early return keeps the barriers uniform.
     if (t >= p.tokens) {
@@ -126,7 +148,7 @@ fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
                 best_v = v;
             }
         }
-        let best = tree_best(best_v, best_e, lid);
+        let best = workgroup_best(best_v, best_e, vec3<u32>(sg_id, n_sg, lane), slot % 2u);
         var chosen = best.id;
         var chosen_v = best.value;
         if (chosen == NO_EXPERT) {
@@ -193,4 +215,59 @@ fn moe_combine(@builtin(global_invocation_id) id: vec3<u32>) {
         return;
     }
     Y[t * p.h + i] = combined(t, i);
+}
+
+@group(0) @binding(9) var<storage, read_write> GROUPS: array<u32>;
+
+// One workgroup per expert e: the chunk's tokens are scanned ROUTER_WG at a time (token t of the
+// scan holds at most one item of e, as a token picks an expert once); hits are packed in token
+// order by an exclusive prefix sum (subgroups, then subgroup totals in red_id).
+@compute @workgroup_size(ROUTER_WG)
+fn moe_group(@builtin(workgroup_id) wg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32,
+             @builtin(subgroup_id) sg_id: u32,
+             @builtin(num_subgroups) n_sg: u32,
+             @builtin(subgroup_invocation_id) lane: u32) {
+    let e = wg.x;
+    if (e >= p.n_expert) {
+        return;
+    }
+    let list = p.n_expert + e * p.tokens;
+    var total = 0u;
+    for (var t0 = 0u; t0 < p.tokens; t0 += ROUTER_WG) {
+        let t = t0 + lid;
+        var hit = 0u;
+        var item = 0u;
+        if (t < p.tokens) {
+            for (var slot = 0u; slot < p.k; slot++) {
+                if (IDS[t * p.k + slot] == e) {
+                    hit = 1u;
+                    item = t * p.k + slot;
+                }
+            }
+        }
+        let before = subgroupExclusiveAdd(hit);
+        let sg_total = subgroupAdd(hit);
+        if (lane == 0u) {
+            red_id[sg_id] = sg_total;
+        }
+        workgroupBarrier();
+        var offset = total;
+        var chunk_total = 0u;
+        for (var g = 0u; g < n_sg; g++) {
+            let n = red_id[g];
+            if (g < sg_id) {
+                offset += n;
+            }
+            chunk_total += n;
+        }
+        if (hit == 1u) {
+            GROUPS[list + offset + before] = item;
+        }
+        total += chunk_total;
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        GROUPS[e] = total;
+    }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use strata::engine::{Backend, EngineError};
 use strata::gguf::Gguf;
 use strata::gpu::GpuContext;
-use strata::gpu::backend::{DEFAULT_MAX_CHUNK, GpuBackend};
+use strata::gpu::backend::{BUDGET_MAX_CHUNK, GpuBackend};
 use strata::gpu::tiered::plan_for_budget;
 use strata::model::config::Config;
 use strata::model::ple::{hash_rows, ngram_context};
@@ -84,7 +84,7 @@ fn load(ctx: &Arc<GpuContext>, path: &Path, tiers: &TierArgs) -> anyhow::Result<
 /// number of experts and top-k.
 fn budget_for_slots(ctx: &GpuContext, path: &Path, slots: u64) -> (u64, u64, u64) {
     let gguf = open(path);
-    let plan = plan_for_budget(ctx, &gguf, CONTEXT, DEFAULT_MAX_CHUNK, u64::MAX / 4).expect("plan");
+    let plan = plan_for_budget(ctx, &gguf, CONTEXT, BUDGET_MAX_CHUNK, u64::MAX / 4).expect("plan");
     let fixed = plan.vram_total() - plan.expert_slot_bytes();
     (
         fixed + slots * plan.slot_bytes,

@@ -36,7 +36,7 @@ fn dot4_pair(wa: vec4<f32>, wb: vec4<f32>, x: vec4<f32>, acc: vec2<f32>) -> vec2
     return vec2<f32>(a, b);
 }
 
-// Rows starting at bytes `row_a` and `row_b` against the vectors at `x_base`, `x_base + x_stride`,
+// Rows starting at bytes `row_a` and `row_b` against the vectors at `x_base`, `x_base + XS.y`,
 // ... (`n_items` of them, components past it stay 0). `has_b` false: row b is not read and its
 // sums are meaningless (the caller does not store them).
 fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, lane: u32,
@@ -56,17 +56,17 @@ fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, 
         acc_a.x += s0.x;
         acc_b.x += s0.y;
         if (ITEMS > 1u) {
-            let s1 = chunk_dot_pair(chunk_a, chunk_b, xb + p.x_stride);
+            let s1 = chunk_dot_pair(chunk_a, chunk_b, xb + XS.y);
             acc_a.y += s1.x;
             acc_b.y += s1.y;
         }
         if (ITEMS > 2u) {
-            let s2 = chunk_dot_pair(chunk_a, chunk_b, xb + 2u * p.x_stride);
+            let s2 = chunk_dot_pair(chunk_a, chunk_b, xb + XS.z);
             acc_a.z += s2.x;
             acc_b.z += s2.y;
         }
         if (ITEMS > 3u) {
-            let s3 = chunk_dot_pair(chunk_a, chunk_b, xb + 3u * p.x_stride);
+            let s3 = chunk_dot_pair(chunk_a, chunk_b, xb + XS.w);
             acc_a.w += s3.x;
             acc_b.w += s3.y;
         }

@@ -38,17 +38,17 @@ fn row_pair_dot(row_a: u32, row_b: u32, has_b: bool, x_base: u32, n_items: u32, 
         acc_a.x = dot8(wa, xb >> 2u, acc_a.x);
         acc_b.x = dot8(wb, xb >> 2u, acc_b.x);
         if (ITEMS > 1u) {
-            let xv = (xb + p.x_stride) >> 2u;
+            let xv = (xb + XS.y) >> 2u;
             acc_a.y = dot8(wa, xv, acc_a.y);
             acc_b.y = dot8(wb, xv, acc_b.y);
         }
         if (ITEMS > 2u) {
-            let xv = (xb + 2u * p.x_stride) >> 2u;
+            let xv = (xb + XS.z) >> 2u;
             acc_a.z = dot8(wa, xv, acc_a.z);
             acc_b.z = dot8(wb, xv, acc_b.z);
         }
         if (ITEMS > 3u) {
-            let xv = (xb + 3u * p.x_stride) >> 2u;
+            let xv = (xb + XS.w) >> 2u;
             acc_a.w = dot8(wa, xv, acc_a.w);
             acc_b.w = dot8(wb, xv, acc_b.w);
         }

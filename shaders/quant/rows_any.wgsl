@@ -53,13 +53,13 @@ fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, la
     for (var i = lane; i < p.k; i += sg_size) {
         var x = vec4<f32>(load_x1(x_base + i), 0.0, 0.0, 0.0);
         if (ITEMS > 1u) {
-            x.y = load_x1(x_base + p.x_stride + i);
+            x.y = load_x1(x_base + XS.y + i);
         }
         if (ITEMS > 2u) {
-            x.z = load_x1(x_base + 2u * p.x_stride + i);
+            x.z = load_x1(x_base + XS.z + i);
         }
         if (ITEMS > 3u) {
-            x.w = load_x1(x_base + 3u * p.x_stride + i);
+            x.w = load_x1(x_base + XS.w + i);
         }
         a0 = row_fma(row0, i, x, a0);
         if (ROWS > 1u) {

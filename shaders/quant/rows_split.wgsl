@@ -75,22 +75,50 @@ fn row_d(row: u32) -> u32 {
     return p.d_base + row * (p.k / QK) * 2u;
 }
 
-// Task t of one row against up to TILE vectors (components past `n_items` stay 0).
-fn row_task(row: u32, t: u32, xo: vec2<u32>, xa: Seg, xb: Seg, x_base: u32,
-            n_items: u32) -> vec4<f32> {
-    let w = task_w(row * p.row_bytes, row_d(row), t);
-    var v = vec4<f32>(task_dot(w, xa, xb), 0.0, 0.0, 0.0);
+// The x segments of one task for every vector of the tile (only ITEMS of them are loaded).
+struct TileX {
+    a0: Seg,
+    b0: Seg,
+    a1: Seg,
+    b1: Seg,
+    a2: Seg,
+    b2: Seg,
+    a3: Seg,
+    b3: Seg,
+}
+
+fn load_tile_x(x_base: u32, xo: vec2<u32>) -> TileX {
+    let zero = Seg(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    var x = TileX(load_seg(x_base + xo.x), load_seg(x_base + xo.y), zero, zero, zero, zero, zero,
+                  zero);
     if (ITEMS > 1u) {
-        let o = x_base + p.x_stride;
-        v.y = task_dot(w, load_seg(o + xo.x), load_seg(o + xo.y));
+        x.a1 = load_seg(x_base + XS.y + xo.x);
+        x.b1 = load_seg(x_base + XS.y + xo.y);
     }
     if (ITEMS > 2u) {
-        let o = x_base + 2u * p.x_stride;
-        v.z = task_dot(w, load_seg(o + xo.x), load_seg(o + xo.y));
+        x.a2 = load_seg(x_base + XS.z + xo.x);
+        x.b2 = load_seg(x_base + XS.z + xo.y);
     }
     if (ITEMS > 3u) {
-        let o = x_base + 3u * p.x_stride;
-        v.w = task_dot(w, load_seg(o + xo.x), load_seg(o + xo.y));
+        x.a3 = load_seg(x_base + XS.w + xo.x);
+        x.b3 = load_seg(x_base + XS.w + xo.y);
+    }
+    return x;
+}
+
+// Task t of one row against the tile's vectors (components past ITEMS stay 0). The tile's x is
+// loaded once per task and shared by every row of the lane.
+fn row_task(row: u32, t: u32, x: TileX) -> vec4<f32> {
+    let w = task_w(row * p.row_bytes, row_d(row), t);
+    var v = vec4<f32>(task_dot(w, x.a0, x.b0), 0.0, 0.0, 0.0);
+    if (ITEMS > 1u) {
+        v.y = task_dot(w, x.a1, x.b1);
+    }
+    if (ITEMS > 2u) {
+        v.z = task_dot(w, x.a2, x.b2);
+    }
+    if (ITEMS > 3u) {
+        v.w = task_dot(w, x.a3, x.b3);
     }
     return v;
 }
@@ -108,18 +136,16 @@ fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, la
     let last = n_rows - 1u;
     let tasks = (p.k / QK) * TASKS_PER_BLOCK;
     for (var t = lane; t < tasks; t += sg_size) {
-        let xo = task_x(t);
-        let xa = load_seg(x_base + xo.x);
-        let xb = load_seg(x_base + xo.y);
-        a0 += row_task(row0, t, xo, xa, xb, x_base, n_items);
+        let x = load_tile_x(x_base, task_x(t));
+        a0 += row_task(row0, t, x);
         if (ROWS > 1u) {
-            a1 += row_task(row0 + min(1u, last) * row_step, t, xo, xa, xb, x_base, n_items);
+            a1 += row_task(row0 + min(1u, last) * row_step, t, x);
         }
         if (ROWS > 2u) {
-            a2 += row_task(row0 + min(2u, last) * row_step, t, xo, xa, xb, x_base, n_items);
+            a2 += row_task(row0 + min(2u, last) * row_step, t, x);
         }
         if (ROWS > 3u) {
-            a3 += row_task(row0 + min(3u, last) * row_step, t, xo, xa, xb, x_base, n_items);
+            a3 += row_task(row0 + min(3u, last) * row_step, t, x);
         }
     }
     return Acc(reduce_items(a0, n_items), reduce_items(a1, n_items), reduce_items(a2, n_items),

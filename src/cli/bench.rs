@@ -57,6 +57,10 @@ pub struct Args {
     /// Tokens to decode after the shortest prompt.
     #[arg(long, default_value_t = 32)]
     pub decode: usize,
+    /// GPU prefill chunk in tokens (0: the engine's default). Results are the same bits for any
+    /// chunk; only speed and memory change.
+    #[arg(long, default_value_t = 0)]
+    pub prefill_chunk: usize,
     /// Context cap per sequence (0 = longest prompt + decode).
     #[arg(long, default_value_t = 0)]
     pub ctx: usize,
@@ -430,14 +434,26 @@ fn profile_decode_step(
     backend: &Arc<GpuBackend>,
     tokens: &[u32],
 ) -> anyhow::Result<serde_json::Value> {
-    use crate::engine::Sequence as _;
-    let Some((&last, prompt)) = tokens.split_last() else {
+    let Some((last, prompt)) = tokens.split_last() else {
         anyhow::bail!("no tokens to profile");
     };
+    profile_feed(backend, prompt, std::slice::from_ref(last), "decode step")
+}
+
+/// GPU time per kernel of feeding `feed` (one chunk) after `prefix`, printed under `what`.
+fn profile_feed(
+    backend: &Arc<GpuBackend>,
+    prefix: &[u32],
+    feed: &[u32],
+    what: &str,
+) -> anyhow::Result<serde_json::Value> {
+    use crate::engine::Sequence as _;
     let mut seq = backend.sequence()?;
-    seq.feed(prompt, false)?;
+    if !prefix.is_empty() {
+        seq.feed(prefix, false)?;
+    }
     seq.set_profiling(true);
-    seq.feed(&[last], false)?;
+    seq.feed(feed, false)?;
     let timings = seq.take_timings();
     if timings.is_empty() {
         eprintln!("per-kernel timestamps: not available on this adapter");
@@ -456,7 +472,7 @@ fn profile_decode_step(
     by_kernel.sort_by(|a, b| b.1.total_cmp(&a.1));
     let total: f64 = timings.iter().map(|(_, ns)| ns).sum();
     eprintln!(
-        "decode step: {} dispatches, {:.3} ms of GPU time",
+        "{what}: {} dispatches, {:.3} ms of GPU time",
         timings.len(),
         total / 1e6
     );
@@ -531,12 +547,11 @@ fn bench_model(
         BackendChoice::Gpu | BackendChoice::Auto => {
             let ctx = gpu_context()?;
             let read = streaming_read_gbps(&ctx)?;
-            let b = Arc::new(GpuBackend::load_with(
-                ctx.clone(),
-                gguf,
-                ctx_len,
-                &args.tiers,
-            )?);
+            let mut loaded = GpuBackend::load_with(ctx.clone(), gguf, ctx_len, &args.tiers)?;
+            if args.prefill_chunk > 0 {
+                loaded.set_max_chunk(args.prefill_chunk);
+            }
+            let b = Arc::new(loaded);
             let bytes = b.bytes_per_decoded_token();
             gpu_backend = Some(Arc::clone(&b));
             (
@@ -566,12 +581,15 @@ fn bench_model(
             serde_json::json!({"tokens": n, "seconds": secs, "tokens_per_second": n as f64 / secs}),
         );
     }
-    let tokens = bench_tokens(shortest + args.decode, vocab);
+    // The prompt, one untimed decode step (its pipelines are built on first use), then the
+    // timed steps.
+    let tokens = bench_tokens(shortest + 1 + args.decode, vocab);
     let mut seq = Arc::clone(&backend).new_sequence()?;
     seq.feed(&tokens[..shortest], false)?;
+    seq.feed(&tokens[shortest..shortest + 1], false)?;
     let mut per_token = Vec::with_capacity(args.decode);
     let start = Instant::now();
-    for &t in &tokens[shortest..] {
+    for &t in &tokens[shortest + 1..] {
         let step = Instant::now();
         seq.feed(&[t], false)?;
         per_token.push(step.elapsed().as_secs_f64());
@@ -583,6 +601,15 @@ fn bench_model(
     let achieved = bytes_per_token.map(|b| b as f64 * decode_tps / 1e9);
     let kernels = match &gpu_backend {
         Some(b) => Some(profile_decode_step(b, &tokens[..shortest + 1])?),
+        None => None,
+    };
+    // One full prefill chunk of the longest prompt.
+    let prefill_kernels = match &gpu_backend {
+        Some(b) => {
+            let n = longest.min(b.max_chunk());
+            let what = format!("prefill chunk of {n} tokens");
+            Some(profile_feed(b, &[], &bench_tokens(n, vocab), &what)?)
+        }
         None => None,
     };
     eprintln!(
@@ -656,6 +683,7 @@ fn bench_model(
         "streaming_read_gbps": read_gbps,
         "fraction_of_streaming_read": achieved.zip(read_gbps).map(|(a, r)| a / r),
         "decode_step_kernels": kernels,
+        "prefill_chunk_kernels": prefill_kernels,
     }))
 }
 

@@ -31,7 +31,16 @@ use crate::tiers::{MemoryPlan, PleReadError, PleRowReader, TierArgs, format_size
 /// Default cap on tokens per sequence on the GPU (KV caches are allocated up front).
 pub const DEFAULT_GPU_CONTEXT: usize = 32768;
 /// Tokens per forward chunk (activation buffers are sized for this).
-pub const DEFAULT_MAX_CHUNK: usize = 64;
+/// Tokens per prefill chunk with every weight resident: the routed experts of a chunk are grouped
+/// by expert, so larger chunks share each expert's weight reads among more tokens.
+pub const DEFAULT_MAX_CHUNK: usize = 512;
+/// Tokens per chunk under a VRAM budget (the planner counts the chunk's activations).
+pub const BUDGET_MAX_CHUNK: usize = 64;
+/// Logits rows a chunk can return: longer feeds that want every row run in chunks of this size.
+const LOGIT_ROWS: usize = 64;
+/// Chunks of at least this many tokens run the routed experts grouped by expert
+/// ([`GpuSequence::moe_experts_grouped`]); smaller ones per item. Both give the same bits.
+const GROUPED_MIN_TOKENS: usize = 8;
 
 fn gpu_err(e: GpuError) -> EngineError {
     EngineError::Other(format!("gpu: {e}"))
@@ -300,7 +309,7 @@ impl GpuBackend {
                 &ctx,
                 &gguf,
                 context_length,
-                DEFAULT_MAX_CHUNK,
+                BUDGET_MAX_CHUNK,
                 budget,
             )?),
             None => None,
@@ -528,7 +537,11 @@ impl GpuBackend {
             rope_table,
             dummy,
             info,
-            max_chunk: DEFAULT_MAX_CHUNK,
+            max_chunk: if plan.is_some() {
+                BUDGET_MAX_CHUNK
+            } else {
+                DEFAULT_MAX_CHUNK
+            },
             check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
             weight_bytes,
             tier,
@@ -582,6 +595,11 @@ impl GpuBackend {
     }
 
     /// Tokens per chunk (activation buffers are allocated per sequence for this many).
+    /// Tokens per GPU prefill chunk.
+    pub fn max_chunk(&self) -> usize {
+        self.max_chunk
+    }
+
     pub fn set_max_chunk(&mut self, n: usize) {
         self.max_chunk = n.max(1);
     }
@@ -683,6 +701,7 @@ struct Scratch {
     /// Gate then up outputs of each (token, expert), side by side.
     expert_gu: GpuBuf,
     expert_down: GpuBuf,
+    expert_groups: GpuBuf,
     /// Gate then up outputs of the shared expert per token.
     shared_gu: GpuBuf,
     shared_down: GpuBuf,
@@ -791,6 +810,7 @@ impl GpuSequence {
             expert_weights: z("expert weights", t * k)?,
             expert_gu: z("expert gate up", t * k * 2 * m.expert_ff)?,
             expert_down: z("expert down", t * k * h)?,
+            expert_groups: z("expert groups", ops::group_len(m.n_expert, t))?,
             shared_gu: z("shared gate up", t * 2 * m.shared_ff)?,
             shared_down: z("shared down", t * h)?,
             shared_logit: z("shared logit", t)?,
@@ -802,7 +822,7 @@ impl GpuSequence {
             ple_gated: z("ple gated", t * wide)?,
             ple_conv_in: z("ple conv in", t * wide)?,
             ple_history: z("ple history", ple_hist * wide)?,
-            logits: z("logits", t * cfg.vocab_size)?,
+            logits: z("logits", t.min(LOGIT_ROWS) * cfg.vocab_size)?,
             greedy: z("greedy", 2)?,
         };
         Ok(Self {
@@ -855,7 +875,7 @@ impl GpuSequence {
         w.down_inject
             .record(c, rec, View::new(&s.normed, 0, wide), &outs, t)?;
         let x = View::new(&s.low, 0, r);
-        let silu = XForm::SiluScale(1.0 / hc as f32);
+        let silu = kernels::prepare_x(c, rec, &w.up, x, XForm::SiluScale(1.0 / hc as f32), t)?;
         if hc <= 4 && w.up.parts.len() == 1 {
             let store = Store::Mix {
                 out: View::new(&s.x_in, 0, h),
@@ -1332,6 +1352,56 @@ impl GpuSequence {
         )
     }
 
+    /// [`Self::moe_experts`] for a prefill chunk of `t` tokens with every expert resident: the
+    /// items grouped by expert first, so each expert's weights are read once for all its tokens.
+    /// The same bits per item as the per-item kernels.
+    fn moe_experts_grouped(
+        &self,
+        rec: &mut Recorder,
+        gate_up: &GpuWeight,
+        down: &GpuWeight,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let k = cfg.moe.n_expert_used;
+        let f = cfg.moe.expert_ff;
+        // moe_group lists each expert's items in room for the chunk's `t` tokens.
+        let cap = t;
+        let items = t * k;
+        ops::moe_group(
+            c,
+            rec,
+            &s.expert_ids,
+            &s.expert_groups,
+            cfg.moe.n_expert,
+            k,
+            t,
+        )?;
+        let x = View::new(&s.x_in, 0, h);
+        let gu = View::new(&s.expert_gu, 0, 2 * f);
+        let groups = &s.expert_groups;
+        kernels::matvec_group(
+            c,
+            rec,
+            gate_up,
+            groups,
+            cap,
+            k,
+            false,
+            x,
+            XForm::Plain,
+            gu,
+            items,
+        )?;
+        let y = View::new(&s.expert_down, 0, h);
+        let swiglu = kernels::prepare_x(c, rec, down, gu, XForm::Swiglu { half: f }, items)?;
+        kernels::matvec_group(c, rec, down, groups, cap, k, true, gu, swiglu, y, items)
+    }
+
     /// Shared expert, and the weighted combine of the routed and shared outputs added into the
     /// wide residual.
     fn moe_finish(&self, rec: &mut Recorder, w: &MoeGpu, t: usize) -> Result<(), GpuError> {
@@ -1348,7 +1418,8 @@ impl GpuSequence {
                 let gu = View::new(&s.shared_gu, 0, 2 * sf);
                 sh.gate_up.record(c, rec, x, &[gu], t)?;
                 let y = Store::Rows(View::new(&s.shared_down, 0, h));
-                let swiglu = XForm::Swiglu { half: sf };
+                let swiglu =
+                    kernels::prepare_x(c, rec, &sh.down, gu, XForm::Swiglu { half: sf }, t)?;
                 kernels::matvec_with(c, rec, &sh.down, gu, swiglu, y, t)?;
                 Some((&s.shared_down, &s.shared_logit))
             }
@@ -1463,6 +1534,9 @@ impl GpuSequence {
         self.record_layer_to_router(rec, index, t, pos0)
             .map_err(gpu_err)?;
         match (&layer.moe.experts, &b.tier) {
+            (Some(e), _) if t >= GROUPED_MIN_TOKENS => self
+                .moe_experts_grouped(rec, &e.gate_up, &e.down, t)
+                .map_err(gpu_err)?,
             (Some(e), _) => {
                 let fused = ExpertWeights::Fused {
                     gate_up: &e.gate_up,
@@ -1868,7 +1942,12 @@ impl Sequence for GpuSequence {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
-        let chunks: Vec<&[u32]> = tokens.chunks(self.backend.max_chunk).collect();
+        let chunk = if all_logits {
+            self.backend.max_chunk.min(LOGIT_ROWS)
+        } else {
+            self.backend.max_chunk
+        };
+        let chunks: Vec<&[u32]> = tokens.chunks(chunk).collect();
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
             let want = all_logits || i == last;

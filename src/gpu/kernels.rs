@@ -280,5 +280,6 @@ impl<'a> View<'a> {
 }
 
 pub use super::matvec::{
-    Store, XForm, get_rows, matvec, matvec_expert, matvec_expert_with, matvec_with,
+    Store, XForm, get_rows, matvec, matvec_expert, matvec_expert_with, matvec_group, matvec_with,
+    prepare_x,
 };

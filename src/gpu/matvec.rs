@@ -45,6 +45,8 @@ struct MatvecParams {
     hc: u32,
     h: u32,
     item0: u32,
+    group_base: u32,
+    group_cap: u32,
 }
 
 /// How the input vector is read.
@@ -145,6 +147,17 @@ fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
     }
 }
 
+/// Rows per subgroup for a dispatch of `tile`-vector tiles: prefill tiles (of `TILE` vectors) of
+/// the split layouts take 4, sharing each x load among 4 rows; the rest as
+/// [`rows_per_subgroup`].
+fn rows_for_tile(w: &GpuWeight, rows: usize, tile: usize) -> usize {
+    if tile == TILE && w.split.is_some() {
+        4
+    } else {
+        rows_per_subgroup(w, rows)
+    }
+}
+
 /// The pipeline of `entry` for `w`, specialised (override constants) on the rows per subgroup,
 /// the vectors per tile and the input transform, so its row body has no data-dependent branch.
 /// Whether the mat-vec of `w` over `x` needs the any-length row body (quant/rows_any.wgsl):
@@ -239,6 +252,48 @@ fn check_input(w: &GpuWeight, x: View, xform: XForm, count: usize) -> Result<(),
     Ok(())
 }
 
+/// Before a mat-vec of `w` over `items` vectors: for more than one vector, apply `xform` to x once,
+/// in place (`matvec.wgsl`'s `xform_in_place`: the same arithmetic as on load), and return
+/// [`XForm::Plain`] for the mat-vec; otherwise, or where the any-length row body reads x, return
+/// `xform` unchanged. Either way the mat-vec's bits are the same; prefill stops recomputing the
+/// transform (an `exp` per value) for every row group. x's buffer then holds the transformed
+/// values (a SwiGLU's over its gate half).
+pub fn prepare_x(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    x: View,
+    xform: XForm,
+    items: usize,
+) -> Result<XForm, GpuError> {
+    if items <= 1 || xform == XForm::Plain || any_length(w, x, xform) {
+        return Ok(xform);
+    }
+    check_input(w, x, xform, items)?;
+    let (x_mode, x_half, x_scale) = xform.mode();
+    let params = MatvecParams {
+        k: to_u32(w.row_len, "k")?,
+        items: to_u32(items, "items")?,
+        x_stride: to_u32(x.stride, "x stride")?,
+        x_offset: to_u32(x.offset, "x offset")?,
+        x_mode,
+        x_half: to_u32(x_half, "x half")?,
+        x_scale,
+        ..Default::default()
+    };
+    let (gy, gz) = item_grid(items);
+    let gx = to_u32(w.row_len.div_ceil(4).div_ceil(64), "grid x")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new(shader_name(w, false), "xform_in_place")
+            .constant("X_MODE", x_mode as f64),
+        &[(9, &*x.buf.buffer)],
+        bytemuck::bytes_of(&params),
+        [gx, gy, gz],
+    )?;
+    Ok(XForm::Plain)
+}
+
 /// y[i][r] = W[r] . x[i] for `items` vectors.
 pub fn matvec(
     ctx: &GpuContext,
@@ -268,74 +323,74 @@ pub fn matvec_with(
     let full = items / TILE * TILE;
     let runs = [(0, full, TILE), (full, items - full, items - full)];
     for part in &w.parts {
-        let mut params = base_params(w, part, x, xform, items)?;
-        let mut b = bindings(w, part, &grid);
-        b.push((1, &*x.buf.buffer));
-        let (entry, per_sg, groups) = match store {
-            Store::Rows(y) => {
-                y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
-                params.y_stride = to_u32(y.stride, "y stride")?;
-                params.y_offset = to_u32(y.offset + part.first_row, "y offset")?;
-                b.push((2, &*y.buf.buffer));
-                let per_sg = rows_per_subgroup(w, w.n_rows);
-                ("matvec", per_sg, part.n_rows.div_ceil(per_sg))
-            }
-            Store::Segments { outs, first } => {
-                segment_params(w, &mut params, outs, first, items)?;
-                b.push((2, &*outs[0].buf.buffer));
-                b.push((6, &*outs[1].buf.buffer));
-                b.push((7, &*outs[2].buf.buffer));
-                let per_sg = rows_per_subgroup(w, w.n_rows);
-                ("matvec_seg", per_sg, part.n_rows.div_ceil(per_sg))
-            }
-            Store::Mix { out, normed, h, hc } => {
-                if w.parts.len() != 1 || w.n_rows != h * hc || !(1..=4).contains(&hc) {
-                    return Err(GpuError::BadArgs(format!(
-                        "matvec {}: mixing needs one part of {hc} x {h} rows (1 to 4 streams)",
-                        w.name
-                    )));
-                }
-                out.check(items, h, &format!("matvec {} mix output", w.name))?;
-                need_floats(normed, items * h * hc, "mix normed streams")?;
-                params.y_stride = to_u32(out.stride, "y stride")?;
-                params.y_offset = to_u32(out.offset, "y offset")?;
-                params.h = to_u32(h, "h")?;
-                params.hc = to_u32(hc, "hc")?;
-                b.push((2, &*out.buf.buffer));
-                b.push((8, &*normed.buffer));
-                // One subgroup per value i (its hc gate rows).
-                ("matvec_mix", hc, h)
-            }
-            Store::Combine {
-                wide,
-                inject,
-                h,
-                hc,
-            } => {
-                if w.n_rows != h {
-                    return Err(GpuError::BadArgs(format!(
-                        "matvec {}: {} rows cannot be combined into streams of {h}",
-                        w.name, w.n_rows
-                    )));
-                }
-                need_floats(wide, items * h * hc, "combine residual")?;
-                need_floats(inject, items * hc, "combine injection")?;
-                params.h = to_u32(h, "h")?;
-                params.hc = to_u32(hc, "hc")?;
-                b.push((2, &*wide.buffer));
-                b.push((8, &*inject.buffer));
-                let per_sg = rows_per_subgroup(w, w.n_rows);
-                ("matvec_combine", per_sg, part.n_rows.div_ceil(per_sg))
-            }
-        };
-        // Row groups (of `per_sg` rows) per workgroup: one per subgroup.
-        let per_wg = (wg_size() / sg).max(1);
-        params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
-        let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
         for &(item0, count, tile) in &runs {
             if count == 0 {
                 continue;
             }
+            let mut params = base_params(w, part, x, xform, items)?;
+            let mut b = bindings(w, part, &grid);
+            b.push((1, &*x.buf.buffer));
+            let (entry, per_sg, groups) = match store {
+                Store::Rows(y) => {
+                    y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
+                    params.y_stride = to_u32(y.stride, "y stride")?;
+                    params.y_offset = to_u32(y.offset + part.first_row, "y offset")?;
+                    b.push((2, &*y.buf.buffer));
+                    let per_sg = rows_for_tile(w, w.n_rows, tile);
+                    ("matvec", per_sg, part.n_rows.div_ceil(per_sg))
+                }
+                Store::Segments { outs, first } => {
+                    segment_params(w, &mut params, outs, first, items)?;
+                    b.push((2, &*outs[0].buf.buffer));
+                    b.push((6, &*outs[1].buf.buffer));
+                    b.push((7, &*outs[2].buf.buffer));
+                    let per_sg = rows_for_tile(w, w.n_rows, tile);
+                    ("matvec_seg", per_sg, part.n_rows.div_ceil(per_sg))
+                }
+                Store::Mix { out, normed, h, hc } => {
+                    if w.parts.len() != 1 || w.n_rows != h * hc || !(1..=4).contains(&hc) {
+                        return Err(GpuError::BadArgs(format!(
+                            "matvec {}: mixing needs one part of {hc} x {h} rows (1 to 4 streams)",
+                            w.name
+                        )));
+                    }
+                    out.check(items, h, &format!("matvec {} mix output", w.name))?;
+                    need_floats(normed, items * h * hc, "mix normed streams")?;
+                    params.y_stride = to_u32(out.stride, "y stride")?;
+                    params.y_offset = to_u32(out.offset, "y offset")?;
+                    params.h = to_u32(h, "h")?;
+                    params.hc = to_u32(hc, "hc")?;
+                    b.push((2, &*out.buf.buffer));
+                    b.push((8, &*normed.buffer));
+                    // One subgroup per value i (its hc gate rows).
+                    ("matvec_mix", hc, h)
+                }
+                Store::Combine {
+                    wide,
+                    inject,
+                    h,
+                    hc,
+                } => {
+                    if w.n_rows != h {
+                        return Err(GpuError::BadArgs(format!(
+                            "matvec {}: {} rows cannot be combined into streams of {h}",
+                            w.name, w.n_rows
+                        )));
+                    }
+                    need_floats(wide, items * h * hc, "combine residual")?;
+                    need_floats(inject, items * hc, "combine injection")?;
+                    params.h = to_u32(h, "h")?;
+                    params.hc = to_u32(hc, "hc")?;
+                    b.push((2, &*wide.buffer));
+                    b.push((8, &*inject.buffer));
+                    let per_sg = rows_for_tile(w, w.n_rows, tile);
+                    ("matvec_combine", per_sg, part.n_rows.div_ceil(per_sg))
+                }
+            };
+            // Row groups (of `per_sg` rows) per workgroup: one per subgroup.
+            let per_wg = (wg_size() / sg).max(1);
+            params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
+            let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
             params.item0 = to_u32(item0, "first item")?;
             let (gy, gz) = item_grid(count / tile);
             rec.push(
@@ -481,6 +536,80 @@ pub fn matvec_expert_with(
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],
+        )?;
+    }
+    Ok(())
+}
+
+/// Expert mat-vec over items grouped by expert (prefill): `groups` as `ops::moe_group` writes it
+/// for chunks of up to `group_cap` tokens; otherwise as [`matvec_expert_with`], with the same
+/// bits for every (item, row). Each workgroup runs one block of an expert's rows over all of that
+/// expert's items, `TILE` at a time, so each weight is read once per chunk rather than per item.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_group(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    groups: &GpuBuf,
+    group_cap: usize,
+    slots: usize,
+    x_per_item: bool,
+    x: View,
+    xform: XForm,
+    y: View,
+    items: usize,
+) -> Result<(), GpuError> {
+    let experts = w.n_rows / w.rows_per_unit.max(1);
+    if slots == 0 || !items.is_multiple_of(slots) || items / slots > group_cap {
+        return Err(GpuError::BadArgs(format!(
+            "grouped expert matvec {}: {items} items, {slots} slots, lists of {group_cap}",
+            w.name
+        )));
+    }
+    need_floats(groups, experts * (1 + group_cap), "expert groups")?;
+    let x_count = if x_per_item { items } else { items / slots };
+    check_input(w, x, xform, x_count)?;
+    y.check(
+        items,
+        w.rows_per_unit,
+        &format!("grouped expert matvec {} output", w.name),
+    )?;
+    let sg = subgroup_size(ctx);
+    let per_sg = rows_for_tile(w, w.rows_per_unit, TILE);
+    let per_wg = (wg_size() / sg).max(1);
+    let grid = ctx.grid_buffer(w.ty)?;
+    for part in &w.parts {
+        let mut params = base_params(w, part, x, xform, items)?;
+        params.rows = to_u32(w.rows_per_unit, "rows")?;
+        params.y_stride = to_u32(y.stride, "y stride")?;
+        params.y_offset = to_u32(y.offset, "y offset")?;
+        params.slots = to_u32(slots, "slots")?;
+        params.x_per_item = x_per_item as u32;
+        params.expert_first = to_u32(part.first_row / w.rows_per_unit, "expert")?;
+        params.expert_count = to_u32(part.n_rows / w.rows_per_unit, "experts")?;
+        params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
+        params.group_base = to_u32(experts, "group base")?;
+        params.group_cap = to_u32(group_cap, "group room")?;
+        let mut b = bindings(w, part, &grid);
+        b.push((1, &*x.buf.buffer));
+        b.push((2, &*y.buf.buffer));
+        b.push((3, &*groups.buffer));
+        let groups_x = w.rows_per_unit.div_ceil(per_sg);
+        let gx = to_u32(groups_x.div_ceil(per_wg), "grid x")?;
+        let gy = params.expert_count;
+        rec.push(
+            ctx,
+            &key(
+                w,
+                any_length(w, x, xform),
+                "matvec_group",
+                per_sg,
+                TILE,
+                xform,
+            ),
+            &b,
+            bytemuck::bytes_of(&params),
+            [gx, gy, 1],
         )?;
     }
     Ok(())

@@ -494,8 +494,8 @@ pub fn gdn_recurrence(
             (8, &*out.buffer),
         ],
         &shape.params(tokens)?,
-        // Workgroups of 32 value columns x 8 key groups, one row of them per value head.
-        [u(shape.dv.div_ceil(32))?, u(nv)?, 1],
+        // Workgroups of 16 value columns x 4 key lanes, one row of them per value head.
+        [u(shape.dv.div_ceil(16))?, u(nv)?, 1],
     )
 }
 
@@ -781,6 +781,35 @@ pub fn moe_router(
         // One workgroup per token (grid x wraps at 65535 into y, as the shader expects).
         [u(tokens.min(65535))?, u(tokens.div_ceil(65535))?, 1],
     )
+}
+
+/// Groups the chunk's `tokens * k` routed items by expert for prefill (`moe.wgsl`'s `moe_group`):
+/// `groups[e]` counts expert e's items, listed in ascending order from `groups[n_expert + e *
+/// tokens]` (see [`group_len`]).
+pub fn moe_group(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    ids: &GpuBuf,
+    groups: &GpuBuf,
+    n_expert: usize,
+    k: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    need(ids, tokens * k, "router ids")?;
+    need(groups, group_len(n_expert, tokens), "expert groups")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("moe", "moe_group"),
+        &[(1, &*ids.buffer), (9, &*groups.buffer)],
+        &words(&[u(tokens)?, u(n_expert)?, u(k)?, 0, 0, 0]),
+        [u(n_expert)?, 1, 1],
+    )
+}
+
+/// Words of [`moe_group`]'s output for `tokens` tokens: a count and a list of up to `tokens`
+/// items per expert.
+pub fn group_len(n_expert: usize, tokens: usize) -> usize {
+    n_expert * (1 + tokens)
 }
 
 /// Checks the combine's inputs; returns the shared-expert output and gate buffers to bind (the

@@ -1,0 +1,256 @@
+//! Prefill's routed experts grouped by expert (`moe_group` + `matvec_group`) against the per-item
+//! kernel that decode uses (`matvec_expert`): the grouping must match a CPU grouping exactly, and
+//! every (item, row) must have the same bits as the per-item kernel, whatever the tile it lands
+//! in. Odd expert heights, experts split over several weight parts, experts with no item, one
+//! item, or more items than a tile holds, split and block layouts and float rows of any length.
+//! `.ci/run` repeats this file at subgroup sizes 4, 8 and 16.
+
+use std::sync::Arc;
+
+use strata::gguf::types::GgmlType;
+use strata::gpu::GpuContext;
+use strata::gpu::buffers::{GpuBuf, GpuWeight};
+use strata::gpu::kernels::{self, Recorder, View, XForm};
+use strata::gpu::ops;
+
+fn context() -> Option<Arc<GpuContext>> {
+    match GpuContext::new(None) {
+        Ok(ctx) => {
+            println!("adapter: {}", ctx.describe());
+            Some(ctx)
+        }
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
+            }
+            eprintln!("SKIPPED: no usable GPU adapter ({e})");
+            None
+        }
+    }
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+fn random_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| ((xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        .collect()
+}
+
+/// `k` distinct experts per token out of `n_expert`, expert 0 never chosen (an expert with no
+/// work) and expert 1 chosen by every token (more items than a tile).
+fn routing(tokens: usize, k: usize, n_expert: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed | 1;
+    let mut ids = Vec::with_capacity(tokens * k);
+    for _ in 0..tokens {
+        let mut chosen = vec![1u32];
+        while chosen.len() < k {
+            let e = 2 + (xorshift(&mut s) % (n_expert as u64 - 2)) as u32;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        // Expert 1 in a varying slot.
+        let at = (xorshift(&mut s) % k as u64) as usize;
+        chosen.swap(0, at);
+        ids.extend(chosen);
+    }
+    ids
+}
+
+fn download(ctx: &GpuContext, b: &GpuBuf, n: usize) -> Vec<f32> {
+    b.read_f32(ctx, 0, n).expect("download")
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+#[test]
+fn moe_group_lists_items_by_expert_in_order() {
+    let Some(ctx) = context() else { return };
+    for (tokens, k, n_expert) in [(1, 2, 4), (11, 3, 9), (70, 4, 16), (130, 10, 40)] {
+        let ids = routing(tokens, k, n_expert, 7 + tokens as u64);
+        let idb = GpuBuf::from_u32(&ctx, "ids", &ids).expect("ids");
+        let groups = GpuBuf::zeros(&ctx, "groups", ops::group_len(n_expert, tokens)).expect("g");
+        let mut rec = Recorder::new();
+        ops::moe_group(&ctx, &mut rec, &idb, &groups, n_expert, k, tokens).expect("group");
+        rec.run(&ctx).expect("run");
+        let got = groups
+            .read_u32(&ctx, 0, ops::group_len(n_expert, tokens))
+            .expect("read");
+        for e in 0..n_expert {
+            let want: Vec<u32> = (0..ids.len() as u32)
+                .filter(|&i| ids[i as usize] == e as u32)
+                .collect();
+            assert_eq!(
+                got[e] as usize,
+                want.len(),
+                "count of expert {e} ({tokens} tokens)"
+            );
+            let list = n_expert + e * tokens;
+            assert_eq!(
+                &got[list..list + want.len()],
+                &want[..],
+                "items of expert {e}"
+            );
+        }
+    }
+}
+
+struct Case {
+    ty: GgmlType,
+    cols: usize,
+}
+
+/// Runs the grouped and the per-item kernels on one random expert tensor; both the plain input
+/// (x per token) and the SwiGLU input (x per item) forms.
+fn check_case(ctx: &GpuContext, case: &Case) {
+    let (n_expert, rows, tokens, k) = (9usize, 5usize, 13usize, 3usize);
+    let Case { ty, cols } = *case;
+    let blocks = strata::quant::random_blocks(ty, n_expert * rows * cols / ty.block_size(), 91);
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    // Four experts per part: three parts, the last one short.
+    let w = GpuWeight::upload_with_limit(
+        ctx,
+        "experts",
+        ty,
+        cols,
+        n_expert * rows,
+        rows,
+        &blocks,
+        Some(4 * rows * row_bytes),
+    )
+    .expect("upload");
+    assert!(w.parts.len() > 1, "{ty:?}: experts in several parts");
+    let ids = routing(tokens, k, n_expert, 5);
+    let items = tokens * k;
+    let idb = GpuBuf::from_u32(ctx, "ids", &ids).expect("ids");
+    let groups = GpuBuf::zeros(ctx, "groups", ops::group_len(n_expert, tokens)).expect("g");
+    let mut rec = Recorder::new();
+    ops::moe_group(ctx, &mut rec, &idb, &groups, n_expert, k, tokens).expect("group");
+    rec.run(ctx).expect("group run");
+
+    // Plain input, one x per token.
+    let x = GpuBuf::from_f32(ctx, "x", &random_vec(tokens * cols, 92)).expect("x");
+    let per_item = GpuBuf::zeros(ctx, "per item", items * rows).expect("y");
+    let grouped = GpuBuf::zeros(ctx, "grouped", items * rows).expect("y");
+    let xv = View::new(&x, 0, cols);
+    let mut rec = Recorder::new();
+    kernels::matvec_expert(
+        ctx,
+        &mut rec,
+        &w,
+        &idb,
+        k,
+        false,
+        xv,
+        View::new(&per_item, 0, rows),
+        items,
+    )
+    .expect("per item");
+    kernels::matvec_group(
+        ctx,
+        &mut rec,
+        &w,
+        &groups,
+        tokens,
+        k,
+        false,
+        xv,
+        XForm::Plain,
+        View::new(&grouped, 0, rows),
+        items,
+    )
+    .expect("grouped");
+    rec.run(ctx).expect("run");
+    let a = download(ctx, &per_item, items * rows);
+    let b = download(ctx, &grouped, items * rows);
+    assert!(
+        a.iter().all(|v| v.is_finite() && *v != 0.0),
+        "{ty:?}: results"
+    );
+    assert_eq!(bits(&a), bits(&b), "{ty:?}: grouped == per item (plain)");
+
+    // SwiGLU of a gate|up vector per item.
+    let gu = GpuBuf::from_f32(ctx, "gu", &random_vec(items * 2 * cols, 93)).expect("gu");
+    let gv = View::new(&gu, 0, 2 * cols);
+    let swiglu = XForm::Swiglu { half: cols };
+    let mut rec = Recorder::new();
+    let y = |b| View::new(b, 0, rows);
+    kernels::matvec_expert_with(
+        ctx,
+        &mut rec,
+        &w,
+        &idb,
+        k,
+        true,
+        gv,
+        swiglu,
+        y(&per_item),
+        items,
+    )
+    .expect("per item swiglu");
+    kernels::matvec_group(
+        ctx,
+        &mut rec,
+        &w,
+        &groups,
+        tokens,
+        k,
+        true,
+        gv,
+        swiglu,
+        y(&grouped),
+        items,
+    )
+    .expect("grouped swiglu");
+    rec.run(ctx).expect("run");
+    let a = download(ctx, &per_item, items * rows);
+    let b = download(ctx, &grouped, items * rows);
+    assert_eq!(bits(&a), bits(&b), "{ty:?}: grouped == per item (SwiGLU)");
+}
+
+#[test]
+fn grouped_experts_equal_per_item_bits() {
+    let Some(ctx) = context() else { return };
+    let cases = [
+        Case {
+            ty: GgmlType::Q8_0,
+            cols: 96,
+        },
+        Case {
+            ty: GgmlType::IQ3_S,
+            cols: 256,
+        },
+        Case {
+            ty: GgmlType::IQ4_NL,
+            cols: 64,
+        },
+        Case {
+            ty: GgmlType::Q6_K,
+            cols: 512,
+        },
+        Case {
+            ty: GgmlType::Q4_K,
+            cols: 256,
+        },
+        Case {
+            ty: GgmlType::F32,
+            cols: 64,
+        },
+        Case {
+            ty: GgmlType::F16,
+            cols: 40,
+        },
+    ];
+    for case in &cases {
+        check_case(&ctx, case);
+    }
+}
