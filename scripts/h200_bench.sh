@@ -35,7 +35,7 @@ fi
 if [[ " $STAGES " == *" matvec "* ]]; then
     echo "== mat-vec roofline"
     "$S" bench --synthetic matvec --quant "${MATVEC_TYPES:-F32,Q8_0,Q6_K,IQ4_NL,IQ3_S}" \
-        --json "$OUT/matvec.json" 2>&1 | grep -v '^[{}" ]' | tee "$OUT/matvec.txt"
+        --json "$OUT/matvec.json" 2>&1 >/dev/null | tee "$OUT/matvec.txt"
 fi
 
 if [[ " $STAGES " == *" model "* ]]; then
@@ -43,5 +43,5 @@ if [[ " $STAGES " == *" model "* ]]; then
     python3 .devdata/tools/make_synthetic_full.py /tmp/f.gguf --layers "$LAYERS" \
         --router-skew "$SKEW" >/dev/null 2>&1 || { echo "synthetic model failed"; exit 1; }
     "$S" bench --model /tmp/f.gguf --prefill "${PREFILL:-512,4096}" --decode "${DECODE:-64}" \
-        ${EXTRA_BENCH:-} --json "$OUT/model.json" 2>&1 | grep -v '^[{}" ]' | tee "$OUT/model.txt"
+        ${EXTRA_BENCH:-} --json "$OUT/model.json" 2>&1 >/dev/null | tee "$OUT/model.txt"
 fi

@@ -257,6 +257,58 @@ fn ple_error(e: PleReadError) -> EngineError {
     }
 }
 
+/// Reserve left out of the adapter's free memory for what the plan does not count (driver,
+/// pipelines, staging): 5 % of it, at least 512 MiB.
+fn vram_reserve(free: u64) -> u64 {
+    (free / 20).max(512 << 20)
+}
+
+/// The VRAM budget without `--vram-budget`: the adapter's free device memory minus
+/// [`vram_reserve`]. `None` (every weight loaded, as the message says) where the adapter does not
+/// report it.
+fn default_vram_budget(ctx: &GpuContext) -> Option<u64> {
+    match super::memory::free_device_memory(ctx) {
+        Some(free) => {
+            let reserve = vram_reserve(free);
+            let budget = free.saturating_sub(reserve);
+            eprintln!(
+                "VRAM budget: {} (the adapter reports {} free, less a reserve of {}); \
+                 --vram-budget overrides it",
+                format_size(budget),
+                format_size(free),
+                format_size(reserve)
+            );
+            Some(budget)
+        }
+        None => {
+            eprintln!(
+                "VRAM budget: the adapter does not report its free memory ({}), so every \
+                 weight is loaded into VRAM; pass --vram-budget to plan for less",
+                ctx.adapter.backend
+            );
+            None
+        }
+    }
+}
+
+/// The plan for `budget` and the prefill chunk it was made for: chunks of
+/// [`DEFAULT_MAX_CHUNK`] when every expert then fits, else [`BUDGET_MAX_CHUNK`] (smaller
+/// activations leave more room for expert slots).
+fn plan_with_chunk(
+    ctx: &GpuContext,
+    gguf: &Gguf,
+    context_length: usize,
+    budget: u64,
+) -> anyhow::Result<(MemoryPlan, usize)> {
+    if let Ok(plan) = plan_for_budget(ctx, gguf, context_length, DEFAULT_MAX_CHUNK, budget)
+        && plan.expert_slots >= plan.total_experts
+    {
+        return Ok((plan, DEFAULT_MAX_CHUNK));
+    }
+    let plan = plan_for_budget(ctx, gguf, context_length, BUDGET_MAX_CHUNK, budget)?;
+    Ok((plan, BUDGET_MAX_CHUNK))
+}
+
 fn upload_hc(ctx: &GpuContext, w: &HcWeights) -> Result<HcGpu, GpuError> {
     let down = [Src::from(&w.down)];
     let inject: Vec<Src> = w.inject.iter().map(Src::from).collect();
@@ -304,15 +356,25 @@ impl GpuBackend {
         } else {
             context
         };
-        let plan = match tiers.vram_budget {
-            Some(budget) => Some(plan_for_budget(
-                &ctx,
-                &gguf,
-                context_length,
-                BUDGET_MAX_CHUNK,
-                budget,
-            )?),
-            None => None,
+        let (plan, max_chunk) = match tiers.vram_budget {
+            Some(budget) => {
+                let (plan, chunk) = plan_with_chunk(&ctx, &gguf, context_length, budget)?;
+                (Some(plan), chunk)
+            }
+            None => match default_vram_budget(&ctx)
+                .map(|budget| plan_with_chunk(&ctx, &gguf, context_length, budget))
+            {
+                Some(Ok((plan, chunk))) => (Some(plan), chunk),
+                // A budget the user did not ask for never stops a load: without a plan every
+                // weight goes to VRAM, as when the adapter reports no free memory.
+                Some(Err(e)) => {
+                    eprintln!(
+                        "VRAM budget: no plan fits the reported free memory ({e:#}); loading every weight"
+                    );
+                    (None, DEFAULT_MAX_CHUNK)
+                }
+                None => (None, DEFAULT_MAX_CHUNK),
+            },
         };
         let tiered = plan
             .as_ref()
@@ -537,11 +599,7 @@ impl GpuBackend {
             rope_table,
             dummy,
             info,
-            max_chunk: if plan.is_some() {
-                BUDGET_MAX_CHUNK
-            } else {
-                DEFAULT_MAX_CHUNK
-            },
+            max_chunk,
             check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
             weight_bytes,
             tier,

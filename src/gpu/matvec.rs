@@ -133,11 +133,7 @@ fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
     if w.split.is_none() {
         return 2;
     }
-    if let Some(n) = std::env::var("STRATA_MATVEC_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (1..=4).contains(n))
-    {
+    if let Some(n) = env_rows("STRATA_MATVEC_ROWS") {
         return n;
     }
     match rows {
@@ -152,10 +148,18 @@ fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
 /// [`rows_per_subgroup`].
 fn rows_for_tile(w: &GpuWeight, rows: usize, tile: usize) -> usize {
     if tile == TILE && w.split.is_some() {
-        4
+        env_rows("STRATA_PREFILL_ROWS").unwrap_or(4)
     } else {
         rows_per_subgroup(w, rows)
     }
+}
+
+/// A rows-per-subgroup override from the environment (1 to 4; for tuning, never for results).
+fn env_rows(var: &str) -> Option<usize> {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=4).contains(n))
 }
 
 /// The pipeline of `entry` for `w`, specialised (override constants) on the rows per subgroup,

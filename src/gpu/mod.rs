@@ -12,6 +12,7 @@ pub mod iq_grids;
 pub mod kernels;
 pub mod layout;
 pub mod matvec;
+pub mod memory;
 pub mod ops;
 pub mod pipelines;
 pub mod proj;

@@ -61,7 +61,9 @@ impl ExpertsArg {
 #[derive(clap::Args, Debug, Clone)]
 pub struct TierArgs {
     /// VRAM the engine may use, e.g. 12GiB, 800MiB, 1.5G (binary), 12GB (decimal). Default: what
-    /// the adapter reports free, minus a reserve.
+    /// the adapter reports free (Vulkan's VK_EXT_memory_budget), less a reserve of 5 % (at least
+    /// 512 MiB); where the adapter does not report it (DX12, Metal, some drivers), every weight is
+    /// loaded into VRAM and the load says so.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub vram_budget: Option<u64>,
     /// Host RAM the engine may use for copies it makes (expert copy, PLE row cache). Default:
