@@ -754,6 +754,11 @@ pub fn qsa_attend(
     )
 }
 
+/// Experts the GPU router holds in registers (`moe.wgsl`: ROUTER_WG x ROUTER_PER_LANE).
+pub const MAX_ROUTER_EXPERTS: usize = 2048;
+/// Chosen experts per token (one router invocation keeps each).
+pub const MAX_ROUTER_SLOTS: usize = 64;
+
 /// Softmax router with top-k (in place on the logits).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_router(
@@ -766,6 +771,12 @@ pub fn moe_router(
     k: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
+    if n_expert > MAX_ROUTER_EXPERTS || k > MAX_ROUTER_SLOTS || k > n_expert || k == 0 {
+        return Err(GpuError::Unsupported(format!(
+            "router of {n_expert} experts choosing {k}: the GPU router takes 1 to \
+             {MAX_ROUTER_SLOTS} of at most {MAX_ROUTER_EXPERTS} experts"
+        )));
+    }
     need(logits, tokens * n_expert, "router logits")?;
     need(ids, tokens * k, "router ids")?;
     need(weights, tokens * k, "router weights")?;
