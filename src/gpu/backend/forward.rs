@@ -1,0 +1,263 @@
+//! The forward pass of a chunk: embedding, layers, head, and running it (with the stage-check mode).
+
+use super::*;
+
+impl GpuSequence {
+    /// Record the forward pass of `t` tokens at positions pos0.. (ids and PLE rows already
+    /// uploaded). Logits land in `scratch.logits`: all rows, or only the last token's in row 0.
+    pub(super) fn record(
+        &self,
+        rec: &mut Recorder,
+        t: usize,
+        pos0: usize,
+        all_logits: bool,
+    ) -> Result<usize, EngineError> {
+        self.record_embedding(rec, t).map_err(gpu_err)?;
+        for layer in 0..self.layers.len() {
+            self.record_layer(rec, layer, t, pos0)?;
+        }
+        self.record_head(rec, t, all_logits).map_err(gpu_err)
+    }
+
+    pub(super) fn record_embedding(&self, rec: &mut Recorder, t: usize) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let s = &self.scratch;
+        let h = b.config.n_embd;
+        let hc = b.config.hc_count;
+        let view = View::new(&s.wide, 0, h * hc);
+        kernels::get_rows(&b.ctx, rec, &b.token_embd, &s.ids, t, view, hc, h)
+    }
+
+    /// Record layer `index`. In tiered mode this submits the recorded work at the router and
+    /// again after the expert kernels (see [`Self::tiered_experts`]); `rec` then holds the rest.
+    pub(super) fn record_layer(
+        &self,
+        rec: &mut Recorder,
+        index: usize,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), EngineError> {
+        let b = &self.backend;
+        let Some(layer) = b.layers.get(index) else {
+            return Err(gpu_err(GpuError::BadArgs(format!("no layer {index}"))));
+        };
+        self.record_layer_to_router(rec, index, t, pos0)
+            .map_err(gpu_err)?;
+        match (&layer.moe.experts, &b.tier) {
+            (Some(e), _) if t >= GROUPED_MIN_TOKENS => self
+                .moe_experts_grouped(rec, &e.gate_up, &e.down, t)
+                .map_err(gpu_err)?,
+            (Some(e), _) => {
+                let fused = ExpertWeights::Fused {
+                    gate_up: &e.gate_up,
+                    down: &e.down,
+                };
+                self.moe_experts(rec, fused, &self.scratch.expert_ids, 0..t)
+                    .map_err(gpu_err)?
+            }
+            (None, Some(tier)) => self.tiered_experts(rec, tier, index, t)?,
+            (None, None) => {
+                return Err(gpu_err(GpuError::BadArgs(format!(
+                    "layer {index} has neither resident nor tiered experts"
+                ))));
+            }
+        }
+        self.moe_finish(rec, &layer.moe, t).map_err(gpu_err)
+    }
+
+    /// Layer `index` from its input up to and including the MoE router.
+    pub(super) fn record_layer_to_router(
+        &self,
+        rec: &mut Recorder,
+        index: usize,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let (Some(layer), Some(state)) = (b.layers.get(index), self.layers.get(index)) else {
+            return Err(GpuError::BadArgs(format!("no layer {index}")));
+        };
+        if let Some(p) = &layer.ple {
+            self.ple(rec, p, t, pos0)?;
+        }
+        self.hc_mix(rec, &layer.attn_hc, t)?;
+        // The mixers add their output into the wide residual themselves (fused hc_combine).
+        match &layer.mixer {
+            MixerGpu::Gdn(g) => self.gdn(rec, g, state, t)?,
+            MixerGpu::Qsa(q) => self.qsa(rec, q, state, t, pos0)?,
+        }
+        self.hc_mix(rec, &layer.ffn_hc, t)?;
+        self.moe_route(rec, &layer.moe, t)
+    }
+
+    /// Head mixer and lm_head; returns the number of logits rows written.
+    pub(super) fn record_head(
+        &self,
+        rec: &mut Recorder,
+        t: usize,
+        all_logits: bool,
+    ) -> Result<usize, GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let h = b.config.n_embd;
+        let v = b.config.vocab_size;
+        self.hc_mix(rec, &b.head_hc, t)?;
+        let (offset, rows) = if all_logits { (0, t) } else { ((t - 1) * h, 1) };
+        let x = View::new(&s.x_in, offset, h);
+        kernels::matvec(c, rec, &b.output, x, View::new(&s.logits, 0, v), rows)?;
+        Ok(rows)
+    }
+
+    /// Diagnostic mode (`STRATA_GPU_CHECK=1`): run the chunk stage by stage, reading the residual
+    /// back after each, so a non-finite value is reported at the first stage that produced it.
+    /// It runs the whole chunk, leaving the logits in `scratch.logits` as `record` would.
+    pub(super) fn run_checked(
+        &mut self,
+        t: usize,
+        pos0: usize,
+        all_logits: bool,
+    ) -> Result<usize, EngineError> {
+        let b = Arc::clone(&self.backend);
+        let c = &*b.ctx;
+        let wide = b.config.n_embd * b.config.hc_count;
+        let layers = self.layers.len();
+        for stage in 0..=layers + 1 {
+            let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
+            let recorded = match stage {
+                0 => self
+                    .record_embedding(&mut rec, t)
+                    .map(|_| 0)
+                    .map_err(gpu_err),
+                s if s <= layers => self.record_layer(&mut rec, s - 1, t, pos0).map(|_| 0),
+                _ => self.record_head(&mut rec, t, all_logits).map_err(gpu_err),
+            };
+            self.bind_groups = rec.take_cache();
+            let rows = recorded?;
+            rec.run(c).map_err(gpu_err)?;
+            if stage > layers {
+                return Ok(rows);
+            }
+            let values = self
+                .scratch
+                .wide
+                .read_f32(c, 0, t * wide)
+                .map_err(gpu_err)?;
+            if let Some(bad) = first_non_finite(&values) {
+                let name = match stage {
+                    0 => "token embedding".to_string(),
+                    s => {
+                        let kind = match b.layers.get(s - 1).map(|l| &l.mixer) {
+                            Some(MixerGpu::Gdn(_)) => "GDN",
+                            _ => "QSA attention",
+                        };
+                        format!("layer {} ({kind}) output", s - 1)
+                    }
+                };
+                return Err(EngineError::NonFinite {
+                    stage: name,
+                    position: pos0 + bad / wide,
+                });
+            }
+        }
+        Err(EngineError::Other("stage loop ended early".into()))
+    }
+
+    /// One chunk through the model. Returns the logits (all rows or the last), or with `greedy`
+    /// the argmax of the last row as a single-element vector (only 8 bytes are read back).
+    pub(super) fn feed_chunk(
+        &mut self,
+        chunk: &[u32],
+        all_logits: bool,
+        greedy: bool,
+    ) -> Result<Vec<f32>, EngineError> {
+        let pos0 = self.tokens.len();
+        let t = chunk.len();
+        self.tokens.extend_from_slice(chunk);
+        let b = Arc::clone(&self.backend);
+        let c = &*b.ctx;
+        self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
+        self.upload_ple_rows(pos0, t)?;
+        // Diagnostic mode runs the forward stage by stage (the recorder below then only adds the
+        // greedy argmax, if any, and the readback).
+        let checked_rows = if b.check_stages {
+            Some(self.run_checked(t, pos0, all_logits && !greedy)?)
+        } else {
+            None
+        };
+        let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
+        let v = b.config.vocab_size;
+        let recorded = match checked_rows {
+            Some(rows) => Ok(rows),
+            None => self.record(&mut rec, t, pos0, all_logits && !greedy),
+        }
+        .and_then(|rows| {
+            if greedy {
+                ops::argmax(
+                    c,
+                    &mut rec,
+                    &self.scratch.logits,
+                    v,
+                    1,
+                    &self.scratch.greedy,
+                )
+                .map_err(gpu_err)?;
+            }
+            Ok(rows)
+        });
+        self.bind_groups = rec.take_cache();
+        let rows = recorded?;
+        let (source, size) = if greedy {
+            (&self.scratch.greedy, 8u64)
+        } else {
+            (&self.scratch.logits, (rows * v * 4) as u64)
+        };
+        let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("token"),
+            });
+        let timestamps = if self.profile {
+            rec.timestamps(c)
+        } else {
+            None
+        };
+        rec.encode(&mut encoder, timestamps.as_ref().map(|t| &t.set));
+        if let Some(t) = &timestamps {
+            t.resolve(&mut encoder);
+        }
+        encoder.copy_buffer_to_buffer(&source.buffer, 0, &staging, 0, size);
+        c.queue.submit([encoder.finish()]);
+        let bytes = read_staging(c, &staging).map_err(gpu_err)?;
+        if let Some(t) = &timestamps {
+            self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);
+        }
+        if greedy {
+            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            return match words.as_slice() {
+                // A token id (< vocab < 2^24) is exact as an f32.
+                [id, 0] => Ok(vec![*id as f32]),
+                _ => Err(EngineError::NonFinite {
+                    stage: "GPU logits".into(),
+                    position: pos0 + t - 1,
+                }),
+            };
+        }
+        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        if let Some(bad) = first_non_finite(&logits) {
+            let row = bad / v.max(1);
+            let position = if all_logits { pos0 + row } else { pos0 + t - 1 };
+            return Err(EngineError::NonFinite {
+                stage: "GPU logits".into(),
+                position,
+            });
+        }
+        Ok(logits)
+    }
+}

@@ -1,0 +1,85 @@
+//! Gated DeltaNet layers, and the output projection both mixers end with.
+
+use super::*;
+
+impl GpuSequence {
+    pub(super) fn gdn(
+        &self,
+        rec: &mut Recorder,
+        w: &GdnGpu,
+        state: &LayerState,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let LayerState::Gdn { conv, ssm } = state else {
+            return Err(GpuError::BadArgs("GDN layer with attention state".into()));
+        };
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let g = &cfg.gdn;
+        let h = cfg.n_embd;
+        let ch = g.conv_channels();
+        let nv = g.n_v_heads;
+        let x = View::new(&s.x_in, 0, h);
+        let outs = [
+            View::new(&s.mixed, 0, ch),
+            View::new(&s.z, 0, g.value_dim()),
+            View::new(&s.beta_alpha, 0, 2 * nv),
+        ];
+        w.input.record(c, rec, x, &outs, t)?;
+        let shape = GdnShape {
+            channels: ch,
+            kernel: g.conv_kernel,
+            n_k_heads: g.n_k_heads,
+            n_v_heads: nv,
+            dk: g.head_k_dim,
+            dv: g.head_v_dim,
+        };
+        ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
+        ops::gdn_recurrence(
+            c,
+            rec,
+            &shape,
+            &s.conv_out,
+            &s.beta_alpha,
+            &w.gate_params,
+            ssm,
+            &s.recurrent_out,
+            t,
+        )?;
+        let per_head = Groups::packed(g.head_v_dim, nv);
+        ops::rmsnorm_gated(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.norm, g.head_v_dim))),
+            &s.recurrent_out,
+            &s.z,
+            per_head,
+            &s.gdn_normed,
+            per_head,
+            t,
+        )?;
+        let x = View::new(&s.gdn_normed, 0, g.value_dim());
+        self.out_and_combine(rec, &w.out, x, t)
+    }
+
+    /// A mixer's output projection added into the wide residual (fused `hc_combine`).
+    pub(super) fn out_and_combine(
+        &self,
+        rec: &mut Recorder,
+        w: &GpuWeight,
+        x: View,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let s = &self.scratch;
+        let store = Store::Combine {
+            wide: &s.wide,
+            inject: &s.inject,
+            h: b.config.n_embd,
+            hc: b.config.hc_count,
+        };
+        kernels::matvec_with(&b.ctx, rec, w, x, XForm::Plain, store, t)
+    }
+}

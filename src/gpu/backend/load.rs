@@ -1,0 +1,429 @@
+//! Loading: weights uploaded block by block, the VRAM budget and plan, the expert tier.
+
+use super::*;
+
+pub(super) fn upload(ctx: &GpuContext, m: &QuantMatrix) -> Result<GpuWeight, GpuError> {
+    GpuWeight::upload(ctx, m.name(), m.ty, m.cols, m.rows, 1, m.bytes())
+}
+
+/// Stack experts into one tensor; each unit is expert e's rows of every list in `lists`, in
+/// order (gate then up rows for the fused gate-up projection).
+pub(super) fn upload_experts(
+    ctx: &GpuContext,
+    name: &str,
+    lists: &[&[QuantMatrix]],
+) -> Result<GpuWeight, GpuError> {
+    let Some(first) = lists.first().and_then(|l| l.first()) else {
+        return Err(GpuError::BadArgs(format!("{name}: no experts")));
+    };
+    let n = lists[0].len();
+    let mut bytes = Vec::with_capacity(first.bytes().len() * n * lists.len());
+    for e in 0..n {
+        for list in lists {
+            let Some(m) = list.get(e) else {
+                return Err(GpuError::BadArgs(format!(
+                    "{name}: expert lists differ in length"
+                )));
+            };
+            if m.ty != first.ty || m.rows != first.rows || m.cols != first.cols {
+                return Err(GpuError::BadArgs(format!(
+                    "{name}: experts differ in shape or type"
+                )));
+            }
+            bytes.extend_from_slice(m.bytes());
+        }
+    }
+    let unit_rows = first.rows * lists.len();
+    GpuWeight::upload(
+        ctx,
+        name,
+        first.ty,
+        first.cols,
+        unit_rows * n,
+        unit_rows,
+        &bytes,
+    )
+}
+
+/// Whether expert gate and up can share one tensor (same type and shape).
+pub(super) fn gate_up_joinable(gate: &[QuantMatrix], up: &[QuantMatrix]) -> bool {
+    match (gate.first(), up.first()) {
+        (Some(g), Some(u)) => g.ty == u.ty && g.rows == u.rows && g.cols == u.cols,
+        _ => false,
+    }
+}
+
+/// The checked PLE row reader of a model on disk (`--ple-io`, `--ple-row-cache`); `None` for a
+/// model without a PLE table or held in memory (the built-in demo).
+pub(super) fn open_ple_reader(
+    gguf: &Gguf,
+    tiers: &TierArgs,
+) -> anyhow::Result<Option<PleRowReader>> {
+    let Some(tensor) = gguf.tensor(crate::tiers::plan::PLE_TABLE_TENSOR) else {
+        return Ok(None);
+    };
+    let on_disk = gguf
+        .shard_paths()
+        .get(tensor.shard)
+        .is_some_and(|p| !p.as_os_str().is_empty());
+    if !on_disk {
+        return Ok(None);
+    }
+    Ok(Some(PleRowReader::open_gguf(
+        gguf,
+        tiers.ple_reader_options(),
+    )?))
+}
+
+/// Reserve left out of the adapter's free memory for what the plan does not count (driver,
+/// pipelines, staging): 5 % of it, at least 512 MiB.
+pub(super) fn vram_reserve(free: u64) -> u64 {
+    (free / 20).max(512 << 20)
+}
+
+/// The VRAM budget without `--vram-budget`: the adapter's free device memory minus
+/// [`vram_reserve`]. `None` (every weight loaded, as the message says) where the adapter does not
+/// report it.
+pub(super) fn default_vram_budget(ctx: &GpuContext) -> Option<u64> {
+    match crate::gpu::memory::free_device_memory(ctx) {
+        Some(free) => {
+            let reserve = vram_reserve(free);
+            let budget = free.saturating_sub(reserve);
+            eprintln!(
+                "VRAM budget: {} (the adapter reports {} free, less a reserve of {}); \
+                 --vram-budget overrides it",
+                format_size(budget),
+                format_size(free),
+                format_size(reserve)
+            );
+            Some(budget)
+        }
+        None => {
+            eprintln!(
+                "VRAM budget: the adapter does not report its free memory ({}), so every \
+                 weight is loaded into VRAM; pass --vram-budget to plan for less",
+                ctx.adapter.backend
+            );
+            None
+        }
+    }
+}
+
+/// The plan for `budget` and the prefill chunk it was made for: chunks of
+/// [`DEFAULT_MAX_CHUNK`] when every expert then fits, else [`BUDGET_MAX_CHUNK`] (smaller
+/// activations leave more room for expert slots).
+pub(super) fn plan_with_chunk(
+    ctx: &GpuContext,
+    gguf: &Gguf,
+    context_length: usize,
+    budget: u64,
+) -> anyhow::Result<(MemoryPlan, usize)> {
+    if let Ok(plan) = plan_for_budget(ctx, gguf, context_length, DEFAULT_MAX_CHUNK, budget)
+        && plan.expert_slots >= plan.total_experts
+    {
+        return Ok((plan, DEFAULT_MAX_CHUNK));
+    }
+    let plan = plan_for_budget(ctx, gguf, context_length, BUDGET_MAX_CHUNK, budget)?;
+    Ok((plan, BUDGET_MAX_CHUNK))
+}
+
+pub(super) fn upload_hc(ctx: &GpuContext, w: &HcWeights) -> Result<HcGpu, GpuError> {
+    let down = [Src::from(&w.down)];
+    let inject: Vec<Src> = w.inject.iter().map(Src::from).collect();
+    let groups: Vec<&[Src]> = if inject.is_empty() {
+        vec![&down]
+    } else {
+        vec![&down, &inject]
+    };
+    Ok(HcGpu {
+        norm: GpuBuf::from_f32(ctx, "hc norm", &w.norm)?,
+        down_inject: MultiProj::upload(ctx, w.down.name(), &groups)?,
+        has_inject: !inject.is_empty(),
+        up: upload(ctx, &w.up)?,
+    })
+}
+
+impl GpuBackend {
+    /// Load `gguf` onto the GPU `ctx`. `context` caps tokens per sequence (0 = min(model,
+    /// [`DEFAULT_GPU_CONTEXT`])).
+    pub fn load(
+        ctx: Arc<GpuContext>,
+        gguf: Arc<Gguf>,
+        context: usize,
+    ) -> anyhow::Result<GpuBackend> {
+        Self::load_with(ctx, gguf, context, &TierArgs::default())
+    }
+
+    /// [`Self::load`] with the memory-tier options (`--vram-budget`, `--experts`, `--ple-io`, …).
+    ///
+    /// Without `--vram-budget` every weight is resident, as before: wgpu 30 cannot ask the adapter
+    /// how much memory is free, so the default is "all in VRAM", and a failed allocation tells
+    /// the user to pass a budget. With a budget the load is planned first: a clear error when even
+    /// the dense part (plus one token's experts) does not fit, all-resident when every expert
+    /// fits, otherwise tiered experts with as many slots as the budget leaves.
+    pub fn load_with(
+        ctx: Arc<GpuContext>,
+        gguf: Arc<Gguf>,
+        context: usize,
+        tiers: &TierArgs,
+    ) -> anyhow::Result<GpuBackend> {
+        let config = Config::from_gguf(&gguf)?;
+        let weights = Weights::bind(&gguf, &config, &mut |_, _| {})?;
+        let context_length = if context == 0 {
+            config.context_length.min(DEFAULT_GPU_CONTEXT)
+        } else {
+            context
+        };
+        let (plan, max_chunk) = match tiers.vram_budget {
+            Some(budget) => {
+                let (plan, chunk) = plan_with_chunk(&ctx, &gguf, context_length, budget)?;
+                (Some(plan), chunk)
+            }
+            None => match default_vram_budget(&ctx)
+                .map(|budget| plan_with_chunk(&ctx, &gguf, context_length, budget))
+            {
+                Some(Ok((plan, chunk))) => (Some(plan), chunk),
+                // A budget the user did not ask for never stops a load: without a plan every
+                // weight goes to VRAM, as when the adapter reports no free memory.
+                Some(Err(e)) => {
+                    eprintln!(
+                        "VRAM budget: no plan fits the reported free memory ({e:#}); loading every weight"
+                    );
+                    (None, DEFAULT_MAX_CHUNK)
+                }
+                None => (None, DEFAULT_MAX_CHUNK),
+            },
+        };
+        let tiered = plan
+            .as_ref()
+            .is_some_and(|p| p.expert_slots < p.total_experts);
+        let ple_reader = open_ple_reader(&gguf, tiers)?;
+        let c = &ctx;
+        let token_embd = upload(c, &weights.token_embd)?;
+        let output = upload(c, &weights.output)?;
+        let head_hc = upload_hc(c, &weights.head_hc)?;
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for lw in &weights.layers {
+            let ple = match &lw.ple {
+                Some(p) => Some(PleGpu {
+                    key: upload(c, &p.key)?,
+                    value: upload(c, &p.value)?,
+                    norm_key: GpuBuf::from_f32(c, "ple norm key", &p.norm_key)?,
+                    norm_query: GpuBuf::from_f32(c, "ple norm query", &p.norm_query)?,
+                    norm_conv: GpuBuf::from_f32(c, "ple norm conv", &p.norm_conv)?,
+                    conv: GpuBuf::from_f32(c, "ple conv", &p.conv)?,
+                }),
+                None => None,
+            };
+            let mixer = match &lw.mixer {
+                MixerWeights::Gdn(g) => {
+                    if config.gdn.head_k_dim > ops::GDN_MAX_DK {
+                        anyhow::bail!(
+                            "GDN key head dim {} exceeds the GPU kernel's {}",
+                            config.gdn.head_k_dim,
+                            ops::GDN_MAX_DK
+                        );
+                    }
+                    let mut gate_params = g.dt_bias.clone();
+                    gate_params.extend_from_slice(&g.a);
+                    let input = MultiProj::upload(
+                        c,
+                        g.qkv.name(),
+                        &[
+                            &[Src::from(&g.qkv)],
+                            &[Src::from(&g.gate)],
+                            &[Src::from(&g.beta), Src::from(&g.alpha)],
+                        ],
+                    )?;
+                    MixerGpu::Gdn(GdnGpu {
+                        input,
+                        gate_params: GpuBuf::from_f32(c, "gdn gate params", &gate_params)?,
+                        conv: GpuBuf::from_f32(c, "gdn conv", &g.conv)?,
+                        norm: GpuBuf::from_f32(c, "gdn norm", &g.norm)?,
+                        out: upload(c, &g.out)?,
+                    })
+                }
+                MixerWeights::Qsa(q) => {
+                    let indexer = match (&q.indexer, q.compress_ratio) {
+                        (Some(ix), Some(ratio)) if ratio > 0 => {
+                            let budget = config.attention.indexer_budget_tokens / ratio;
+                            if budget * ratio + ratio > ops::QSA_MAX_KEYS {
+                                anyhow::bail!(
+                                    "QSA budget of {budget} blocks exceeds the GPU kernel's {} keys",
+                                    ops::QSA_MAX_KEYS
+                                );
+                            }
+                            Some(IndexerGpu {
+                                kq: MultiProj::upload(
+                                    c,
+                                    ix.k.name(),
+                                    &[&[Src::from(&ix.k)], &[Src::from(&ix.q)]],
+                                )?,
+                                q_norm: GpuBuf::from_f32(c, "indexer q norm", &ix.q_norm)?,
+                                k_norm: GpuBuf::from_f32(c, "indexer k norm", &ix.k_norm)?,
+                                ratio,
+                            })
+                        }
+                        _ => None,
+                    };
+                    MixerGpu::Qsa(QsaGpu {
+                        qkv: MultiProj::upload(
+                            c,
+                            q.q.name(),
+                            &[&[Src::from(&q.q)], &[Src::from(&q.k)], &[Src::from(&q.v)]],
+                        )?,
+                        out: upload(c, &q.out)?,
+                        q_norm: GpuBuf::from_f32(c, "q norm", &q.q_norm)?,
+                        k_norm: GpuBuf::from_f32(c, "k norm", &q.k_norm)?,
+                        indexer,
+                    })
+                }
+            };
+            let m = &lw.moe;
+            let shared = match &m.shared {
+                Some(s) => Some(SharedGpu {
+                    gate_up: MultiProj::upload(
+                        c,
+                        s.gate.name(),
+                        &[&[Src::from(&s.gate), Src::from(&s.up)]],
+                    )?,
+                    down: upload(c, &s.down)?,
+                }),
+                None => None,
+            };
+            let experts = if tiered {
+                None
+            } else if gate_up_joinable(&m.gate, &m.up) {
+                Some(ResidentExperts {
+                    gate_up: upload_experts(c, "ffn_gate_up_exps", &[&m.gate, &m.up])?,
+                    down: upload_experts(c, "ffn_down_exps", &[&m.down])?,
+                })
+            } else {
+                anyhow::bail!(
+                    "expert gate and up projections differ in type or shape; the GPU backend \
+                     needs them alike"
+                );
+            };
+            let router_src = [Src::from(&m.router)];
+            let gate_src: Vec<Src> = m
+                .shared
+                .iter()
+                .map(|s| Src::vector("shared expert gate", &s.gate_inp))
+                .collect();
+            let mut router_groups: Vec<&[Src]> = vec![&router_src];
+            if !gate_src.is_empty() {
+                router_groups.push(&gate_src);
+            }
+            let moe = MoeGpu {
+                router: MultiProj::upload(c, m.router.name(), &router_groups)?,
+                experts,
+                shared,
+            };
+            layers.push(LayerGpu {
+                ple,
+                attn_hc: upload_hc(c, &lw.attn_hc)?,
+                mixer,
+                ffn_hc: upload_hc(c, &lw.ffn_hc)?,
+                moe,
+            });
+        }
+        // RoPE table for every position a sequence can reach (host f64 sin/cos of f32 angles).
+        let a = &config.attention;
+        let inv = rope_inv_freqs(a.rope_base, a.rotary_dims);
+        let half = inv.len();
+        let mut table = vec![0.0f32; context_length.max(1) * half.max(1) * 2];
+        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
+        for p in 0..context_length {
+            rope_cos_sin(p, &inv, &mut cos, &mut sin);
+            for i in 0..half {
+                table[(p * half + i) * 2] = cos[i];
+                table[(p * half + i) * 2 + 1] = sin[i];
+            }
+        }
+        let rope_table = GpuBuf::from_f32(c, "rope table", &table)?;
+        let dummy = GpuBuf::zeros(c, "dummy", 4)?;
+        let mut weight_bytes = token_embd.bytes() + output.bytes();
+        let hc_bytes = |h: &HcGpu| h.down_inject.bytes() + h.up.bytes();
+        weight_bytes += hc_bytes(&head_hc);
+        for l in &layers {
+            weight_bytes += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
+            weight_bytes += l.moe.router.bytes()
+                + l.moe
+                    .experts
+                    .as_ref()
+                    .map_or(0, |e| e.gate_up.bytes() + e.down.bytes());
+        }
+        let tier = match (&plan, tiered) {
+            (Some(plan), true) => {
+                let views: Vec<_> = weights
+                    .layers
+                    .iter()
+                    .map(|l| {
+                        (
+                            l.moe.gate.as_slice(),
+                            l.moe.up.as_slice(),
+                            l.moe.down.as_slice(),
+                        )
+                    })
+                    .collect();
+                let tier = ExpertTier::new(
+                    &ctx,
+                    Arc::clone(&gguf),
+                    plan,
+                    tiers,
+                    &views,
+                    config.moe.n_expert,
+                )?;
+                eprintln!("{}", tier.describe(plan));
+                let a = &tier.arenas;
+                weight_bytes += a.gate.bytes() + a.up.bytes() + a.down.bytes();
+                Some(tier)
+            }
+            (Some(plan), false) => {
+                if tiers.experts != crate::tiers::ExpertsArg::Mmap {
+                    eprintln!(
+                        "--experts {:?}: no host copy made, every expert is in VRAM",
+                        tiers.experts
+                    );
+                }
+                eprintln!(
+                    "memory plan: budget {}, dense weights {}, KV cache {} ({} tokens); all {} \
+                     experts resident",
+                    format_size(plan.vram_budget),
+                    format_size(plan.dense_bytes),
+                    format_size(plan.kv_bytes),
+                    plan.ctx,
+                    plan.total_experts
+                );
+                None
+            }
+            _ => None,
+        };
+        ctx.wait()?;
+        let info = ModelInfo {
+            name: config.name.clone(),
+            vocab_size: config.vocab_size,
+            context_length,
+            backend: format!("gpu ({})", ctx.adapter.name),
+        };
+        Ok(GpuBackend {
+            ctx,
+            config,
+            weights,
+            token_embd,
+            output,
+            head_hc,
+            layers,
+            rope_table,
+            dummy,
+            info,
+            max_chunk,
+            check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
+            weight_bytes,
+            tier,
+            plan,
+            ple_reader,
+            _gguf: gguf,
+        })
+    }
+}

@@ -1,0 +1,441 @@
+//! The whole model on the GPU: dense weights in VRAM (the PLE table stays on the host, as the spec
+//! recommends: its rows are hashed, gathered through the checked [`PleRowReader`] and dequantized
+//! on the CPU), one compute pass and one submission per chunk of tokens, one host sync per chunk
+//! (the logits readback).
+//!
+//! Routed experts are either all resident (the default, and whenever `--vram-budget` leaves room
+//! for every one) or tiered (`gpu::tiered`): VRAM slots filled from the host tier as the router
+//! asks, at the cost of one sync per layer. Both run the same expert kernel, so the bits agree.
+//!
+//! Bit-identity across chunk sizes: every kernel computes each output element with one fixed
+//! reduction order that does not depend on how many tokens the dispatch covers, and the recurrent
+//! kernels (GDN, conv histories) walk tokens in order inside one invocation.
+//!
+//! One file per block, as in `src/model/`: `hc` (hyper-connection mix), `ple`, `gdn`, `qsa`, `moe`;
+//! around them `load` (upload, VRAM budget and plan), `scratch` (a sequence's buffers), `forward`
+//! (a chunk through embedding, layers and head) and `sequence` (feeding, forks). This file holds
+//! the weight and state types they share.
+
+use std::sync::Arc;
+
+use crate::engine::{Backend, EngineError, ModelInfo, Sequence};
+use crate::gguf::Gguf;
+use crate::model::config::Config;
+use crate::model::ops::{first_non_finite, rope_cos_sin, rope_inv_freqs};
+use crate::model::ple::{hash_rows, ngram_context};
+use crate::model::weights::{HcWeights, MixerWeights, QuantMatrix, Weights};
+
+use super::buffers::{GpuBuf, GpuWeight, read_staging};
+use super::kernels::{self, BindGroupCache, Recorder, Store, View, XForm};
+use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
+use super::proj::{MultiProj, Src};
+use super::tiered::{ExpertTier, TierStats, plan_for_budget};
+use super::{GpuContext, GpuError, list_adapters};
+use crate::tiers::{MemoryPlan, PleReadError, PleRowReader, TierArgs, format_size};
+
+/// Default cap on tokens per sequence on the GPU (KV caches are allocated up front).
+pub const DEFAULT_GPU_CONTEXT: usize = 32768;
+/// Tokens per forward chunk (activation buffers are sized for this).
+/// Tokens per prefill chunk with every weight resident: the routed experts of a chunk are grouped
+/// by expert, so larger chunks share each expert's weight reads among more tokens.
+pub const DEFAULT_MAX_CHUNK: usize = 512;
+/// Tokens per chunk under a VRAM budget (the planner counts the chunk's activations).
+pub const BUDGET_MAX_CHUNK: usize = 64;
+/// Logits rows a chunk can return: longer feeds that want every row run in chunks of this size.
+const LOGIT_ROWS: usize = 64;
+/// Chunks of at least this many tokens run the routed experts grouped by expert
+/// ([`GpuSequence::moe_experts_grouped`]); smaller ones per item. Both give the same bits.
+const GROUPED_MIN_TOKENS: usize = 8;
+
+fn gpu_err(e: GpuError) -> EngineError {
+    EngineError::Other(format!("gpu: {e}"))
+}
+
+struct HcGpu {
+    norm: GpuBuf,
+    /// The low-rank down projection (group 0) and, except in the head mixer, the injection
+    /// logits (group 1): both read the normed streams.
+    down_inject: MultiProj,
+    has_inject: bool,
+    up: GpuWeight,
+}
+
+struct GdnGpu {
+    /// qkv (group 0), z (group 1), beta and alpha (group 2).
+    input: MultiProj,
+    gate_params: GpuBuf,
+    conv: GpuBuf,
+    norm: GpuBuf,
+    out: GpuWeight,
+}
+
+struct IndexerGpu {
+    /// Raw key (group 0) and queries (group 1).
+    kq: MultiProj,
+    q_norm: GpuBuf,
+    k_norm: GpuBuf,
+    ratio: usize,
+}
+
+struct QsaGpu {
+    /// Query and gate (group 0), key (group 1), value (group 2).
+    qkv: MultiProj,
+    out: GpuWeight,
+    q_norm: GpuBuf,
+    k_norm: GpuBuf,
+    indexer: Option<IndexerGpu>,
+}
+
+enum MixerGpu {
+    Gdn(GdnGpu),
+    Qsa(QsaGpu),
+}
+
+struct SharedGpu {
+    /// Gate then up rows, into one vector per token that the down projection reads as SwiGLU.
+    gate_up: MultiProj,
+    down: GpuWeight,
+}
+
+/// The expert tensors one MoE dispatch sequence reads: the resident fused gate-up tensor, or the
+/// tiered slot arenas.
+#[derive(Clone, Copy)]
+enum ExpertWeights<'a> {
+    Fused {
+        gate_up: &'a GpuWeight,
+        down: &'a GpuWeight,
+    },
+    Split {
+        gate: &'a GpuWeight,
+        up: &'a GpuWeight,
+        down: &'a GpuWeight,
+    },
+}
+
+/// The routed experts of one layer, whole, when every expert is resident: each expert's gate rows
+/// then its up rows in one tensor, so one dispatch computes both.
+struct ResidentExperts {
+    gate_up: GpuWeight,
+    down: GpuWeight,
+}
+
+struct MoeGpu {
+    /// Router logits (group 0) and, with a shared expert, its gate logit (group 1).
+    router: MultiProj,
+    /// `None` in tiered mode: the experts come through the backend's slot arenas.
+    experts: Option<ResidentExperts>,
+    shared: Option<SharedGpu>,
+}
+
+struct PleGpu {
+    key: GpuWeight,
+    value: GpuWeight,
+    norm_key: GpuBuf,
+    norm_query: GpuBuf,
+    norm_conv: GpuBuf,
+    conv: GpuBuf,
+}
+
+struct LayerGpu {
+    ple: Option<PleGpu>,
+    attn_hc: HcGpu,
+    mixer: MixerGpu,
+    ffn_hc: HcGpu,
+    moe: MoeGpu,
+}
+
+/// A loaded model on the GPU.
+pub struct GpuBackend {
+    pub ctx: Arc<GpuContext>,
+    pub config: Config,
+    weights: Weights,
+    token_embd: GpuWeight,
+    output: GpuWeight,
+    head_hc: HcGpu,
+    layers: Vec<LayerGpu>,
+    rope_table: GpuBuf,
+    dummy: GpuBuf,
+    info: ModelInfo,
+    max_chunk: usize,
+    /// `STRATA_GPU_CHECK=1`: check the residual after every layer (slow; names the first bad stage).
+    check_stages: bool,
+    weight_bytes: usize,
+    /// Tiered mode: the expert slot arenas and their slot table (`None`: every expert resident).
+    tier: Option<ExpertTier>,
+    /// The VRAM plan, when `--vram-budget` asked for one.
+    plan: Option<MemoryPlan>,
+    /// Checked PLE row gathers from the file (`None` for a model held in memory, whose table is
+    /// read and checked by the weight view instead).
+    ple_reader: Option<PleRowReader>,
+    _gguf: Arc<Gguf>,
+}
+
+mod forward;
+mod gdn;
+mod hc;
+mod load;
+mod moe;
+mod ple;
+mod qsa;
+mod scratch;
+mod sequence;
+
+impl GpuBackend {
+    /// Expert-tier and PLE-reader counters (hit rate, uploads, rows read); `None` when every
+    /// expert is resident and the PLE table is read from memory.
+    pub fn tier_stats(&self) -> Option<TierStats> {
+        let ple = self.ple_reader.as_ref().map(|r| r.stats());
+        match &self.tier {
+            Some(tier) => Some(TierStats {
+                ple,
+                ..tier.stats()
+            }),
+            None => ple.map(|ple| TierStats {
+                ple: Some(ple),
+                ..TierStats::default()
+            }),
+        }
+    }
+
+    /// VRAM expert slots in tiered mode (`None`: every expert resident).
+    pub fn expert_slots(&self) -> Option<usize> {
+        self.tier.as_ref().map(|t| t.n_slots)
+    }
+
+    /// The VRAM plan made at load (only with `--vram-budget`).
+    pub fn memory_plan(&self) -> Option<&MemoryPlan> {
+        self.plan.as_ref()
+    }
+
+    /// The expert routing observed since load in tiered mode (save it with
+    /// `ExpertProfile::save` and pass it as `--expert-profile` next time).
+    pub fn observed_expert_profile(&self) -> Option<crate::tiers::ExpertProfile> {
+        self.tier.as_ref().map(|t| t.observed_profile())
+    }
+
+    /// Bytes of weights in VRAM (excluding the host-side PLE table).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Check the residual after every layer and name the first stage that produced a non-finite
+    /// value (slow: one submission and readback per layer). Also on with `STRATA_GPU_CHECK=1`.
+    pub fn set_check_stages(&mut self, on: bool) {
+        self.check_stages = on;
+    }
+
+    /// Tokens per chunk (activation buffers are allocated per sequence for this many).
+    /// Tokens per GPU prefill chunk.
+    pub fn max_chunk(&self) -> usize {
+        self.max_chunk
+    }
+
+    pub fn set_max_chunk(&mut self, n: usize) {
+        self.max_chunk = n.max(1);
+    }
+
+    /// Bytes of weights read to decode one token: everything except the unused experts and the
+    /// embedding table (one row).
+    pub fn bytes_per_decoded_token(&self) -> usize {
+        let mut total = self.output.bytes() + self.token_embd.row_bytes;
+        let hc_bytes = |h: &HcGpu| h.down_inject.bytes() + h.up.bytes();
+        total += hc_bytes(&self.head_hc);
+        let used = self.config.moe.n_expert_used;
+        let n_expert = self.config.moe.n_expert.max(1);
+        for l in &self.layers {
+            total += hc_bytes(&l.attn_hc) + hc_bytes(&l.ffn_hc);
+            let m = &l.moe;
+            let expert_bytes = match (&m.experts, &self.tier) {
+                (Some(e), _) => (e.gate_up.bytes() + e.down.bytes()) / n_expert,
+                (None, Some(t)) => {
+                    let a = &t.arenas;
+                    (a.gate.bytes() + a.up.bytes() + a.down.bytes()) / t.n_slots.max(1)
+                }
+                (None, None) => 0,
+            };
+            total += m.router.bytes() + expert_bytes * used;
+            if let Some(s) = &m.shared {
+                total += s.gate_up.bytes() + s.down.bytes();
+            }
+            if let Some(p) = &l.ple {
+                total += p.key.bytes() + p.value.bytes();
+            }
+            total += match &l.mixer {
+                MixerGpu::Gdn(g) => g.input.bytes() + g.out.bytes(),
+                MixerGpu::Qsa(q) => {
+                    q.qkv.bytes() + q.out.bytes() + q.indexer.as_ref().map_or(0, |i| i.kq.bytes())
+                }
+            };
+        }
+        total
+    }
+
+    pub fn sequence(self: &Arc<Self>) -> Result<GpuSequence, GpuError> {
+        GpuSequence::new(Arc::clone(self))
+    }
+}
+
+impl Backend for GpuBackend {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_sequence(self: Arc<Self>) -> Result<Box<dyn Sequence>, EngineError> {
+        Ok(Box::new(GpuSequence::new(self).map_err(gpu_err)?))
+    }
+}
+
+/// Per-layer recurrent state and caches.
+enum LayerState {
+    Gdn {
+        conv: GpuBuf,
+        ssm: GpuBuf,
+    },
+    Qsa {
+        keys: GpuBuf,
+        values: GpuBuf,
+        raw_index_keys: GpuBuf,
+        block_keys: GpuBuf,
+    },
+}
+
+/// Activation buffers for one chunk of up to `max_chunk` tokens.
+struct Scratch {
+    ids: GpuBuf,
+    wide: GpuBuf,
+    normed: GpuBuf,
+    low: GpuBuf,
+    gates: GpuBuf,
+    x_in: GpuBuf,
+    inject: GpuBuf,
+    // GDN
+    mixed: GpuBuf,
+    z: GpuBuf,
+    beta_alpha: GpuBuf,
+    conv_out: GpuBuf,
+    recurrent_out: GpuBuf,
+    gdn_normed: GpuBuf,
+    // QSA
+    query_gate: GpuBuf,
+    index_query: GpuBuf,
+    selected: GpuBuf,
+    scores: GpuBuf,
+    attended: GpuBuf,
+    attn_parts: GpuBuf,
+    // MoE
+    router: GpuBuf,
+    expert_ids: GpuBuf,
+    /// Tiered mode: the slot of each (token, k) expert of the current sub-batch.
+    slot_ids: GpuBuf,
+    expert_weights: GpuBuf,
+    /// Gate then up outputs of each (token, expert), side by side.
+    expert_gu: GpuBuf,
+    expert_down: GpuBuf,
+    expert_groups: GpuBuf,
+    /// Gate then up outputs of the shared expert per token.
+    shared_gu: GpuBuf,
+    shared_down: GpuBuf,
+    shared_logit: GpuBuf,
+    // PLE
+    ple_embedding: GpuBuf,
+    ple_key: GpuBuf,
+    ple_key_normed: GpuBuf,
+    ple_value: GpuBuf,
+    ple_query_normed: GpuBuf,
+    ple_gated: GpuBuf,
+    ple_conv_in: GpuBuf,
+    ple_history: GpuBuf,
+    logits: GpuBuf,
+    greedy: GpuBuf,
+}
+
+pub struct GpuSequence {
+    backend: Arc<GpuBackend>,
+    tokens: Vec<u32>,
+    layers: Vec<LayerState>,
+    scratch: Scratch,
+    poisoned: bool,
+    /// Collect per-dispatch GPU timestamps on the next feed (see [`GpuSequence::take_timings`]).
+    profile: bool,
+    timings: Vec<(String, f64)>,
+    bind_groups: BindGroupCache,
+}
+
+/// True when a load error looks like a failed VRAM allocation.
+fn is_out_of_memory(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}").to_lowercase();
+    text.contains("out of memory") || text.contains("outofmemory")
+}
+
+/// Adapter index from `STRATA_ADAPTER` (the CLI's `--adapter` where a subcommand offers it).
+pub fn adapter_from_env() -> Option<usize> {
+    std::env::var("STRATA_ADAPTER")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Load for the CLI. `required`: `--backend gpu` (any error is returned). Otherwise (`auto`) the
+/// GPU is used only when a hardware adapter (not a software rasterizer such as lavapipe) is
+/// usable; `Ok(None)` tells the caller to fall back to the CPU.
+pub fn load_for_cli(
+    gguf: Arc<Gguf>,
+    ctx_len: usize,
+    required: bool,
+) -> anyhow::Result<Option<Arc<dyn Backend>>> {
+    load_for_cli_with(gguf, ctx_len, required, &TierArgs::default())
+}
+
+/// [`load_for_cli`] with the memory-tier options. Asking for tiers (`--vram-budget`) makes a GPU
+/// load failure an error rather than a silent fall back to the CPU.
+pub fn load_for_cli_with(
+    gguf: Arc<Gguf>,
+    ctx_len: usize,
+    required: bool,
+    tiers: &TierArgs,
+) -> anyhow::Result<Option<Arc<dyn Backend>>> {
+    let adapter = adapter_from_env();
+    if !required {
+        // Decide from the adapter list before creating any device: `auto` on a machine with only
+        // a software rasterizer should cost nothing.
+        let software = format!("{:?}", wgpu::DeviceType::Cpu);
+        let adapters = list_adapters();
+        let chosen = match adapter {
+            Some(i) => adapters.get(i),
+            None => adapters.first(),
+        };
+        match chosen {
+            Some(a) if a.device_type != software && a.has_subgroups => {}
+            Some(a) => {
+                tracing::info!(
+                    "only a software or unsuitable adapter ({}); using the CPU",
+                    a.name
+                );
+                return Ok(None);
+            }
+            None => {
+                tracing::info!("no GPU adapter; using the CPU");
+                return Ok(None);
+            }
+        }
+    }
+    let ctx = match GpuContext::new(adapter) {
+        Ok(c) => c,
+        Err(e) if !required => {
+            tracing::info!("no GPU ({e}); using the CPU");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match GpuBackend::load_with(ctx, gguf, ctx_len, tiers) {
+        Ok(b) => Ok(Some(Arc::new(b))),
+        Err(e) if tiers.vram_budget.is_none() && is_out_of_memory(&e) => Err(e.context(
+            "the GPU ran out of memory with every weight resident; pass --vram-budget SIZE to \
+             keep only some experts in VRAM",
+        )),
+        Err(e) if !required && tiers.vram_budget.is_none() => {
+            tracing::warn!("GPU load failed ({e:#}); using the CPU");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,227 @@
+//! The MoE block: router, routed experts (per item, grouped by expert, or from tier slots), shared expert and combine.
+
+use super::*;
+
+impl GpuSequence {
+    /// The router: expert ids and weights of every token into `scratch.expert_ids/_weights`.
+    pub(super) fn moe_route(
+        &self,
+        rec: &mut Recorder,
+        w: &MoeGpu,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let m = &b.config.moe;
+        let x = View::new(&s.x_in, 0, b.config.n_embd);
+        let mut outs = vec![View::new(&s.router, 0, m.n_expert)];
+        if w.shared.is_some() {
+            outs.push(View::new(&s.shared_logit, 0, 1));
+        }
+        w.router.record(c, rec, x, &outs, t)?;
+        ops::moe_router(
+            c,
+            rec,
+            &s.router,
+            &s.expert_ids,
+            &s.expert_weights,
+            m.n_expert,
+            m.n_expert_used,
+            t,
+        )
+    }
+
+    /// The routed experts of the chunk's tokens `tokens`: `ids` holds their `k` expert (or slot)
+    /// indices per token from index 0. Gate and up land side by side in `scratch.expert_gu` (from
+    /// 0, reused per sub-batch), from one fused tensor or from two (the slot arenas): the same
+    /// rows either way. The down projection reads them as SwiGLU; its outputs land at the
+    /// tokens' own rows of `scratch.expert_down`, ready for the combine.
+    pub(super) fn moe_experts(
+        &self,
+        rec: &mut Recorder,
+        experts: ExpertWeights,
+        ids: &GpuBuf,
+        tokens: std::ops::Range<usize>,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let k = cfg.moe.n_expert_used;
+        let f = cfg.moe.expert_ff;
+        let items = tokens.len() * k;
+        let x = View::new(&s.x_in, tokens.start * h, h);
+        let gu = |offset: usize| View::new(&s.expert_gu, offset, 2 * f);
+        let down = match experts {
+            ExpertWeights::Fused { gate_up, down } => {
+                kernels::matvec_expert(c, rec, gate_up, ids, k, false, x, gu(0), items)?;
+                down
+            }
+            ExpertWeights::Split { gate, up, down } => {
+                kernels::matvec_expert(c, rec, gate, ids, k, false, x, gu(0), items)?;
+                kernels::matvec_expert(c, rec, up, ids, k, false, x, gu(f), items)?;
+                down
+            }
+        };
+        kernels::matvec_expert_with(
+            c,
+            rec,
+            down,
+            ids,
+            k,
+            true,
+            gu(0),
+            XForm::Swiglu { half: f },
+            View::new(&s.expert_down, tokens.start * k * h, h),
+            items,
+        )
+    }
+
+    /// [`Self::moe_experts`] for a prefill chunk of `t` tokens with every expert resident: the
+    /// items grouped by expert first, so each expert's weights are read once for all its tokens.
+    /// The same bits per item as the per-item kernels.
+    pub(super) fn moe_experts_grouped(
+        &self,
+        rec: &mut Recorder,
+        gate_up: &GpuWeight,
+        down: &GpuWeight,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let k = cfg.moe.n_expert_used;
+        let f = cfg.moe.expert_ff;
+        // moe_group lists each expert's items in room for the chunk's `t` tokens.
+        let cap = t;
+        let items = t * k;
+        ops::moe_group(
+            c,
+            rec,
+            &s.expert_ids,
+            &s.expert_groups,
+            cfg.moe.n_expert,
+            k,
+            t,
+        )?;
+        let x = View::new(&s.x_in, 0, h);
+        let gu = View::new(&s.expert_gu, 0, 2 * f);
+        let groups = &s.expert_groups;
+        kernels::matvec_group(
+            c,
+            rec,
+            gate_up,
+            groups,
+            cap,
+            k,
+            false,
+            x,
+            XForm::Plain,
+            gu,
+            items,
+        )?;
+        let y = View::new(&s.expert_down, 0, h);
+        let swiglu = kernels::prepare_x(c, rec, down, gu, XForm::Swiglu { half: f }, items)?;
+        kernels::matvec_group(c, rec, down, groups, cap, k, true, gu, swiglu, y, items)
+    }
+
+    /// Shared expert, and the weighted combine of the routed and shared outputs added into the
+    /// wide residual.
+    pub(super) fn moe_finish(
+        &self,
+        rec: &mut Recorder,
+        w: &MoeGpu,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let k = cfg.moe.n_expert_used;
+        let x = View::new(&s.x_in, 0, h);
+        let shared = match &w.shared {
+            Some(sh) => {
+                let sf = sh.down.row_len;
+                let gu = View::new(&s.shared_gu, 0, 2 * sf);
+                sh.gate_up.record(c, rec, x, &[gu], t)?;
+                let y = Store::Rows(View::new(&s.shared_down, 0, h));
+                let swiglu =
+                    kernels::prepare_x(c, rec, &sh.down, gu, XForm::Swiglu { half: sf }, t)?;
+                kernels::matvec_with(c, rec, &sh.down, gu, swiglu, y, t)?;
+                Some((&s.shared_down, &s.shared_logit))
+            }
+            None => None,
+        };
+        ops::moe_combine_hc(
+            c,
+            rec,
+            &s.expert_down,
+            &s.expert_weights,
+            shared,
+            &s.wide,
+            &s.inject,
+            h,
+            cfg.hc_count,
+            k,
+            t,
+        )
+    }
+
+    /// Tiered experts of layer `index`: submit what `rec` holds (the layer up to the router), read
+    /// the chosen experts back, make them resident in slots (uploading misses) and submit the
+    /// expert kernels on the slot arenas — per run of tokens whose experts fit the slots at once.
+    /// `rec` comes back empty (its bind-group cache kept).
+    pub(super) fn tiered_experts(
+        &self,
+        rec: &mut Recorder,
+        tier: &ExpertTier,
+        index: usize,
+        t: usize,
+    ) -> Result<(), EngineError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let k = b.config.moe.n_expert_used;
+        rec.run(c).map_err(gpu_err)?;
+        *rec = Recorder::with_cache(rec.take_cache());
+        let ids = self
+            .scratch
+            .expert_ids
+            .read_u32(c, 0, t * k)
+            .map_err(gpu_err)?;
+        let runs = tier.sub_batches(&ids, k);
+        let a = &tier.arenas;
+        // Held until the dispatches reading the slots are submitted (see `gpu::tiered`).
+        let mut state = tier.lock();
+        tier.note_extra_sub_batches(&mut state, runs.len().saturating_sub(1));
+        for run in runs {
+            let chosen = ids.get(run.start * k..run.end * k).unwrap_or_default();
+            let slots = tier.place(c, &mut state, index, chosen)?;
+            self.scratch
+                .slot_ids
+                .write_u32(c, 0, &slots)
+                .map_err(gpu_err)?;
+            let split = ExpertWeights::Split {
+                gate: &a.gate,
+                up: &a.up,
+                down: &a.down,
+            };
+            self.moe_experts(rec, split, &self.scratch.slot_ids, run)
+                .map_err(gpu_err)?;
+            let mut encoder = c
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("tiered experts"),
+                });
+            rec.encode(&mut encoder, None);
+            c.queue.submit([encoder.finish()]);
+            *rec = Recorder::with_cache(rec.take_cache());
+        }
+        drop(state);
+        c.check_errors().map_err(gpu_err)
+    }
+}

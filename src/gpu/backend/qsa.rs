@@ -1,0 +1,227 @@
+//! QSA sparse-attention layers: projections, indexer, block selection, attention.
+
+use super::*;
+
+impl GpuSequence {
+    pub(super) fn qsa(
+        &self,
+        rec: &mut Recorder,
+        w: &QsaGpu,
+        state: &LayerState,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        let LayerState::Qsa {
+            keys,
+            values,
+            raw_index_keys,
+            block_keys,
+        } = state
+        else {
+            return Err(GpuError::BadArgs("attention layer with GDN state".into()));
+        };
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let a = &cfg.attention;
+        let h = cfg.n_embd;
+        let hd = a.head_dim;
+        let kv = a.n_head_kv * hd;
+        let qg = a.n_head * 2 * hd;
+        let half = a.rotary_dims / 2;
+        let x = View::new(&s.x_in, 0, h);
+        // Keys and values land in the caches directly; the keys are normed and rotated there.
+        let outs = [
+            View::new(&s.query_gate, 0, qg),
+            View::new(keys, pos0 * kv, kv),
+            View::new(values, pos0 * kv, kv),
+        ];
+        w.qkv.record(c, rec, x, &outs, t)?;
+        let q_heads = Groups {
+            n: hd,
+            groups: a.n_head,
+            off: 0,
+            group_stride: 2 * hd,
+            token_stride: qg,
+        };
+        ops::rmsnorm_inplace(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.q_norm, hd))),
+            &s.query_gate,
+            q_heads,
+            t,
+            &b.dummy,
+        )?;
+        ops::rope(
+            c,
+            rec,
+            &s.query_gate,
+            &b.rope_table,
+            t,
+            a.n_head,
+            2 * hd,
+            qg,
+            0,
+            half,
+            pos0,
+            1,
+        )?;
+        ops::rmsnorm_inplace(
+            c,
+            rec,
+            &self.norm_spec(Some((&w.k_norm, hd))),
+            keys,
+            Groups {
+                off: pos0 * kv,
+                ..Groups::packed(hd, a.n_head_kv)
+            },
+            t,
+            &b.dummy,
+        )?;
+        ops::rope(
+            c,
+            rec,
+            keys,
+            &b.rope_table,
+            t,
+            a.n_head_kv,
+            hd,
+            kv,
+            pos0 * kv,
+            half,
+            pos0,
+            1,
+        )?;
+        let mut params = QsaParams {
+            tokens: t as u32,
+            pos0: pos0 as u32,
+            heads: a.n_head as u32,
+            n_kv: a.n_head_kv as u32,
+            hd: hd as u32,
+            ratio: 1,
+            budget: 0,
+            dense: 1,
+            scale: 1.0 / (hd as f32).sqrt(),
+            ..Default::default()
+        };
+        if let Some(ix) = &w.indexer {
+            let idim = a.indexer_head_dim;
+            let nih = a.indexer_n_head;
+            let ratio = ix.ratio;
+            let budget = a.indexer_budget_tokens / ratio;
+            // Raw index keys land in their cache directly.
+            let outs = [
+                View::new(raw_index_keys, pos0 * idim, idim),
+                View::new(&s.index_query, 0, nih * idim),
+            ];
+            ix.kq.record(c, rec, x, &outs, t)?;
+            let first = pos0 / ratio;
+            let end = (pos0 + t) / ratio;
+            if end > first {
+                let count = end - first;
+                ops::block_mean(
+                    c,
+                    rec,
+                    raw_index_keys,
+                    block_keys,
+                    first,
+                    count,
+                    ratio,
+                    idim,
+                )?;
+                let rows = Groups {
+                    n: idim,
+                    groups: 1,
+                    off: first * idim,
+                    group_stride: idim,
+                    token_stride: idim,
+                };
+                ops::rmsnorm_inplace(
+                    c,
+                    rec,
+                    &self.norm_spec(Some((&ix.k_norm, idim))),
+                    block_keys,
+                    rows,
+                    count,
+                    &b.dummy,
+                )?;
+                ops::rope(
+                    c,
+                    rec,
+                    block_keys,
+                    &b.rope_table,
+                    count,
+                    1,
+                    idim,
+                    idim,
+                    first * idim,
+                    half,
+                    first * ratio,
+                    ratio,
+                )?;
+            }
+            ops::rmsnorm_inplace(
+                c,
+                rec,
+                &self.norm_spec(Some((&ix.q_norm, idim))),
+                &s.index_query,
+                Groups::packed(idim, nih),
+                t,
+                &b.dummy,
+            )?;
+            ops::rope(
+                c,
+                rec,
+                &s.index_query,
+                &b.rope_table,
+                t,
+                nih,
+                idim,
+                nih * idim,
+                0,
+                half,
+                pos0,
+                1,
+            )?;
+            let max_blocks = s.scores.len / (2 * b.max_chunk);
+            let select = QsaParams {
+                tokens: t as u32,
+                pos0: pos0 as u32,
+                heads: nih as u32,
+                ratio: ratio as u32,
+                budget: budget as u32,
+                idim: idim as u32,
+                max_blocks: max_blocks as u32,
+                scale: 1.0 / (idim as f32).sqrt(),
+                ..Default::default()
+            };
+            ops::qsa_select(
+                c,
+                rec,
+                &select,
+                &s.index_query,
+                block_keys,
+                &s.scores,
+                &s.selected,
+            )?;
+            params.ratio = ratio as u32;
+            params.budget = budget as u32;
+            params.dense = 0;
+        }
+        ops::qsa_attend(
+            c,
+            rec,
+            &params,
+            &s.query_gate,
+            keys,
+            values,
+            &s.selected,
+            &s.attn_parts,
+            &s.attended,
+        )?;
+        let x = View::new(&s.attended, 0, a.n_head * hd);
+        self.out_and_combine(rec, &w.out, x, t)
+    }
+}

@@ -1,0 +1,110 @@
+//! Per-sequence state and the activation buffers of one chunk.
+
+use super::*;
+
+impl GpuSequence {
+    pub(super) fn new(backend: Arc<GpuBackend>) -> Result<Self, GpuError> {
+        let b = &backend;
+        let c = &*b.ctx;
+        let cfg = &b.config;
+        let t = b.max_chunk;
+        let h = cfg.n_embd;
+        let hc = cfg.hc_count;
+        let wide = h * hc;
+        let ctx_len = b.info.context_length;
+        let g = &cfg.gdn;
+        let a = &cfg.attention;
+        let m = &cfg.moe;
+        let mut layers = Vec::new();
+        let mut max_blocks = 1;
+        let mut budget = 1;
+        for l in &b.layers {
+            layers.push(match &l.mixer {
+                MixerGpu::Gdn(_) => LayerState::Gdn {
+                    conv: GpuBuf::zeros(
+                        c,
+                        "gdn conv history",
+                        (g.conv_kernel.max(2) - 1) * g.conv_channels(),
+                    )?,
+                    ssm: GpuBuf::zeros(c, "gdn state", g.n_v_heads * g.head_k_dim * g.head_v_dim)?,
+                },
+                MixerGpu::Qsa(q) => {
+                    let kv = a.n_head_kv * a.head_dim;
+                    let (ratio, idim) = match &q.indexer {
+                        Some(ix) => (ix.ratio, a.indexer_head_dim),
+                        None => (1, 1),
+                    };
+                    if let Some(ix) = &q.indexer {
+                        max_blocks = max_blocks.max(ctx_len / ix.ratio + 1);
+                        budget = budget.max(a.indexer_budget_tokens / ix.ratio);
+                    }
+                    LayerState::Qsa {
+                        keys: GpuBuf::zeros(c, "key cache", ctx_len * kv)?,
+                        values: GpuBuf::zeros(c, "value cache", ctx_len * kv)?,
+                        raw_index_keys: GpuBuf::zeros(c, "indexer key cache", ctx_len * idim)?,
+                        block_keys: GpuBuf::zeros(c, "block keys", (ctx_len / ratio + 1) * idim)?,
+                    }
+                }
+            });
+        }
+        let ple_dim = cfg.ple.as_ref().map_or(32, |p| p.embed_dim());
+        let ple_hist = cfg.ple.as_ref().map_or(1, |p| p.conv_history().max(1));
+        let qg = a.n_head * 2 * a.head_dim;
+        let k = m.n_expert_used;
+        let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
+        let scratch = Scratch {
+            ids: z("ids", t)?,
+            wide: z("wide", t * wide)?,
+            normed: z("normed", t * wide)?,
+            low: z("low", t * cfg.hc_low_rank)?,
+            gates: z("gates", t * wide)?,
+            x_in: z("x_in", t * h)?,
+            inject: z("inject", t * hc)?,
+            mixed: z("mixed", t * g.conv_channels())?,
+            z: z("z", t * g.value_dim())?,
+            beta_alpha: z("beta alpha", t * 2 * g.n_v_heads)?,
+            conv_out: z("conv out", t * g.conv_channels())?,
+            recurrent_out: z("recurrent out", t * g.value_dim())?,
+            gdn_normed: z("gdn normed", t * g.value_dim())?,
+            query_gate: z("query gate", t * qg)?,
+            index_query: z("index query", t * a.indexer_n_head * a.indexer_head_dim)?,
+            selected: z("selected", t * (budget + 1))?,
+            scores: z("scores", t * 2 * max_blocks)?,
+            attended: z("attended", t * a.n_head * a.head_dim)?,
+            attn_parts: z(
+                "attention partials",
+                ops::qsa_partials_len(t, a.n_head, a.head_dim),
+            )?,
+            router: z("router", t * m.n_expert)?,
+            expert_ids: z("expert ids", t * k)?,
+            slot_ids: z("expert slot ids", t * k)?,
+            expert_weights: z("expert weights", t * k)?,
+            expert_gu: z("expert gate up", t * k * 2 * m.expert_ff)?,
+            expert_down: z("expert down", t * k * h)?,
+            expert_groups: z("expert groups", ops::group_len(m.n_expert, t))?,
+            shared_gu: z("shared gate up", t * 2 * m.shared_ff)?,
+            shared_down: z("shared down", t * h)?,
+            shared_logit: z("shared logit", t)?,
+            ple_embedding: z("ple embedding", t * ple_dim)?,
+            ple_key: z("ple key", t * wide)?,
+            ple_key_normed: z("ple key normed", t * wide)?,
+            ple_value: z("ple value", t * h)?,
+            ple_query_normed: z("ple query normed", t * wide)?,
+            ple_gated: z("ple gated", t * wide)?,
+            ple_conv_in: z("ple conv in", t * wide)?,
+            ple_history: z("ple history", ple_hist * wide)?,
+            logits: z("logits", t.min(LOGIT_ROWS) * cfg.vocab_size)?,
+            greedy: z("greedy", 2)?,
+        };
+        Ok(Self {
+            backend,
+            tokens: Vec::new(),
+            layers,
+            scratch,
+            poisoned: false,
+            profile: false,
+            timings: Vec::new(),
+            bind_groups: BindGroupCache::new(),
+        })
+    }
+}

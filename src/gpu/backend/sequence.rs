@@ -1,0 +1,158 @@
+//! Feeding a sequence: chunks, greedy decode, forks, and the engine's `Sequence` trait.
+
+use super::*;
+
+impl GpuSequence {
+    /// Feed `tokens` and return the greedy next token (argmax of the last logits row, lowest id on
+    /// ties), computed on the GPU: the host reads back 8 bytes instead of the logits row.
+    pub fn feed_greedy(&mut self, tokens: &[u32]) -> Result<u32, EngineError> {
+        self.validate(tokens)?;
+        let Some((last, rest)) = tokens.split_last() else {
+            return Err(EngineError::Other(
+                "feed_greedy needs at least one token".into(),
+            ));
+        };
+        let result = (|| {
+            if !rest.is_empty() {
+                for chunk in rest.chunks(self.backend.max_chunk) {
+                    self.feed_chunk(chunk, false, false)?;
+                }
+            }
+            self.feed_chunk(std::slice::from_ref(last), false, true)
+        })();
+        match result {
+            Ok(v) => Ok(v.first().copied().unwrap_or(0.0) as u32),
+            Err(e) => {
+                self.poisoned = true;
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn validate(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        if self.poisoned {
+            return Err(EngineError::Other(
+                "sequence is unusable after an earlier error".into(),
+            ));
+        }
+        let vocab = self.backend.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
+        }
+        let ctx = self.backend.info.context_length;
+        let needed = self.tokens.len() + tokens.len();
+        if needed > ctx {
+            return Err(EngineError::ContextOverflow { needed, ctx });
+        }
+        Ok(())
+    }
+
+    /// Turn per-dispatch GPU timestamps on or off for later feeds.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on;
+    }
+
+    /// The (dispatch label, nanoseconds) pairs collected since the last call.
+    pub fn take_timings(&mut self) -> Vec<(String, f64)> {
+        std::mem::take(&mut self.timings)
+    }
+}
+
+impl GpuSequence {
+    /// A deep copy: a fresh sequence whose state buffers are GPU-side copies of ours.
+    pub(super) fn try_fork(&self) -> Result<GpuSequence, GpuError> {
+        let mut copy = GpuSequence::new(Arc::clone(&self.backend))?;
+        let c = &*self.backend.ctx;
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("fork"),
+            });
+        let mut pairs: Vec<(&GpuBuf, &GpuBuf)> = Vec::new();
+        for (src, dst) in self.layers.iter().zip(&copy.layers) {
+            match (src, dst) {
+                (LayerState::Gdn { conv: a, ssm: b }, LayerState::Gdn { conv: x, ssm: y }) => {
+                    pairs.extend([(a, x), (b, y)]);
+                }
+                (
+                    LayerState::Qsa {
+                        keys: a,
+                        values: b,
+                        raw_index_keys: i,
+                        block_keys: k,
+                    },
+                    LayerState::Qsa {
+                        keys: w,
+                        values: x,
+                        raw_index_keys: y,
+                        block_keys: z,
+                    },
+                ) => pairs.extend([(a, w), (b, x), (i, y), (k, z)]),
+                _ => return Err(GpuError::BadArgs("layer state kinds differ".into())),
+            }
+        }
+        pairs.push((&self.scratch.ple_history, &copy.scratch.ple_history));
+        for (src, dst) in pairs {
+            encoder.copy_buffer_to_buffer(
+                &src.buffer,
+                0,
+                &dst.buffer,
+                0,
+                (src.len.max(1) * 4) as u64,
+            );
+        }
+        c.queue.submit([encoder.finish()]);
+        c.wait()?;
+        copy.tokens = self.tokens.clone();
+        Ok(copy)
+    }
+}
+
+impl Sequence for GpuSequence {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError> {
+        self.validate(tokens)?;
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let chunk = if all_logits {
+            self.backend.max_chunk.min(LOGIT_ROWS)
+        } else {
+            self.backend.max_chunk
+        };
+        let chunks: Vec<&[u32]> = tokens.chunks(chunk).collect();
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let want = all_logits || i == last;
+            match self.feed_chunk(chunk, all_logits, false) {
+                Ok(logits) => {
+                    if want {
+                        out.extend_from_slice(&logits);
+                    }
+                }
+                Err(e) => {
+                    self.poisoned = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn fork(&self) -> Option<Box<dyn Sequence>> {
+        if self.poisoned {
+            return None;
+        }
+        match self.try_fork() {
+            Ok(seq) => Some(Box::new(seq)),
+            Err(e) => {
+                tracing::warn!("GPU sequence fork failed: {e}");
+                None
+            }
+        }
+    }
+}
