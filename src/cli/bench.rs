@@ -18,11 +18,12 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 
+use crate::cli::load::adapter_from_env;
 use crate::cli::load::{BackendChoice, open_gguf};
 use crate::engine::Backend;
 use crate::gguf::types::GgmlType;
 use crate::gpu::GpuContext;
-use crate::gpu::backend::{GpuBackend, adapter_from_env};
+use crate::gpu::backend::GpuBackend;
 use crate::gpu::buffers::{GpuBuf, GpuWeight};
 use crate::gpu::kernels::{self, Recorder, View};
 use crate::gpu::pipelines::PipelineKey;

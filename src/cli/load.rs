@@ -182,7 +182,7 @@ pub fn load_backend_with(
                 eprintln!("strata: --backend auto: using the CPU because {reason}");
                 return load_cpu(gguf, ctx);
             }
-            match crate::gpu::backend::load_for_cli_with(gguf.clone(), ctx, false, tiers)? {
+            match load_for_cli_with(gguf.clone(), ctx, false, tiers)? {
                 Some(backend) => Ok(backend),
                 None => {
                     eprintln!(
@@ -194,12 +194,10 @@ pub fn load_backend_with(
                 }
             }
         }
-        BackendChoice::Gpu => {
-            match crate::gpu::backend::load_for_cli_with(gguf.clone(), ctx, true, tiers)? {
-                Some(backend) => Ok(backend),
-                None => load_cpu(gguf, ctx),
-            }
-        }
+        BackendChoice::Gpu => match load_for_cli_with(gguf.clone(), ctx, true, tiers)? {
+            Some(backend) => Ok(backend),
+            None => load_cpu(gguf, ctx),
+        },
     }
 }
 
@@ -222,7 +220,7 @@ pub fn gpu_unusable_reason(gguf: &Gguf) -> Option<String> {
         ));
     }
     let adapters = crate::gpu::list_adapters();
-    let chosen = match crate::gpu::backend::adapter_from_env() {
+    let chosen = match adapter_from_env() {
         Some(i) => match adapters.get(i) {
             Some(a) => a,
             None => {
@@ -263,6 +261,76 @@ fn load_cpu(gguf: Arc<Gguf>, ctx: usize) -> anyhow::Result<Arc<dyn Backend>> {
             .with_context(|| format!("loading {name} on the CPU"))?;
     progress.finish();
     Ok(Arc::new(backend))
+}
+
+/// True when a load error looks like a failed VRAM allocation.
+fn is_out_of_memory(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}").to_lowercase();
+    text.contains("out of memory") || text.contains("outofmemory")
+}
+
+/// Adapter index from `STRATA_ADAPTER` (the CLI's `--adapter` where a subcommand offers it).
+pub fn adapter_from_env() -> Option<usize> {
+    std::env::var("STRATA_ADAPTER")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Load on the GPU for the CLI. `required`: `--backend gpu` (any error is returned). Otherwise
+/// (`auto`) the GPU is used only when a hardware adapter (not a software rasterizer such as
+/// lavapipe) is usable; `Ok(None)` tells the caller to fall back to the CPU. Asking for tiers
+/// (`--vram-budget`) makes a GPU load failure an error rather than a silent fall back.
+pub fn load_for_cli_with(
+    gguf: Arc<Gguf>,
+    ctx_len: usize,
+    required: bool,
+    tiers: &TierArgs,
+) -> anyhow::Result<Option<Arc<dyn Backend>>> {
+    let adapter = adapter_from_env();
+    if !required {
+        // Decide from the adapter list before creating any device: `auto` on a machine with only
+        // a software rasterizer should cost nothing.
+        let software = format!("{:?}", wgpu::DeviceType::Cpu);
+        let adapters = crate::gpu::list_adapters();
+        let chosen = match adapter {
+            Some(i) => adapters.get(i),
+            None => adapters.first(),
+        };
+        match chosen {
+            Some(a) if a.device_type != software && a.has_subgroups => {}
+            Some(a) => {
+                tracing::info!(
+                    "only a software or unsuitable adapter ({}); using the CPU",
+                    a.name
+                );
+                return Ok(None);
+            }
+            None => {
+                tracing::info!("no GPU adapter; using the CPU");
+                return Ok(None);
+            }
+        }
+    }
+    let ctx = match crate::gpu::GpuContext::new(adapter) {
+        Ok(c) => c,
+        Err(e) if !required => {
+            tracing::info!("no GPU ({e}); using the CPU");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match crate::gpu::backend::GpuBackend::load_with(ctx, gguf, ctx_len, tiers) {
+        Ok(b) => Ok(Some(Arc::new(b))),
+        Err(e) if tiers.vram_budget.is_none() && is_out_of_memory(&e) => Err(e.context(
+            "the GPU ran out of memory with every weight resident; pass --vram-budget SIZE to \
+             keep only some experts in VRAM",
+        )),
+        Err(e) if !required && tiers.vram_budget.is_none() => {
+            tracing::warn!("GPU load failed ({e:#}); using the CPU");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

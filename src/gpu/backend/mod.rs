@@ -30,7 +30,7 @@ use super::kernels::{self, BindGroupCache, Recorder, Store, View, XForm};
 use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
 use super::proj::{MultiProj, Src};
 use super::tiered::{ExpertTier, TierStats, plan_for_budget};
-use super::{GpuContext, GpuError, list_adapters};
+use super::{GpuContext, GpuError};
 use crate::tiers::{MemoryPlan, PleReadError, PleRowReader, TierArgs, format_size};
 
 /// Default cap on tokens per sequence on the GPU (KV caches are allocated up front).
@@ -359,83 +359,4 @@ pub struct GpuSequence {
     profile: bool,
     timings: Vec<(String, f64)>,
     bind_groups: BindGroupCache,
-}
-
-/// True when a load error looks like a failed VRAM allocation.
-fn is_out_of_memory(e: &anyhow::Error) -> bool {
-    let text = format!("{e:#}").to_lowercase();
-    text.contains("out of memory") || text.contains("outofmemory")
-}
-
-/// Adapter index from `STRATA_ADAPTER` (the CLI's `--adapter` where a subcommand offers it).
-pub fn adapter_from_env() -> Option<usize> {
-    std::env::var("STRATA_ADAPTER")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-}
-
-/// Load for the CLI. `required`: `--backend gpu` (any error is returned). Otherwise (`auto`) the
-/// GPU is used only when a hardware adapter (not a software rasterizer such as lavapipe) is
-/// usable; `Ok(None)` tells the caller to fall back to the CPU.
-pub fn load_for_cli(
-    gguf: Arc<Gguf>,
-    ctx_len: usize,
-    required: bool,
-) -> anyhow::Result<Option<Arc<dyn Backend>>> {
-    load_for_cli_with(gguf, ctx_len, required, &TierArgs::default())
-}
-
-/// [`load_for_cli`] with the memory-tier options. Asking for tiers (`--vram-budget`) makes a GPU
-/// load failure an error rather than a silent fall back to the CPU.
-pub fn load_for_cli_with(
-    gguf: Arc<Gguf>,
-    ctx_len: usize,
-    required: bool,
-    tiers: &TierArgs,
-) -> anyhow::Result<Option<Arc<dyn Backend>>> {
-    let adapter = adapter_from_env();
-    if !required {
-        // Decide from the adapter list before creating any device: `auto` on a machine with only
-        // a software rasterizer should cost nothing.
-        let software = format!("{:?}", wgpu::DeviceType::Cpu);
-        let adapters = list_adapters();
-        let chosen = match adapter {
-            Some(i) => adapters.get(i),
-            None => adapters.first(),
-        };
-        match chosen {
-            Some(a) if a.device_type != software && a.has_subgroups => {}
-            Some(a) => {
-                tracing::info!(
-                    "only a software or unsuitable adapter ({}); using the CPU",
-                    a.name
-                );
-                return Ok(None);
-            }
-            None => {
-                tracing::info!("no GPU adapter; using the CPU");
-                return Ok(None);
-            }
-        }
-    }
-    let ctx = match GpuContext::new(adapter) {
-        Ok(c) => c,
-        Err(e) if !required => {
-            tracing::info!("no GPU ({e}); using the CPU");
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    };
-    match GpuBackend::load_with(ctx, gguf, ctx_len, tiers) {
-        Ok(b) => Ok(Some(Arc::new(b))),
-        Err(e) if tiers.vram_budget.is_none() && is_out_of_memory(&e) => Err(e.context(
-            "the GPU ran out of memory with every weight resident; pass --vram-budget SIZE to \
-             keep only some experts in VRAM",
-        )),
-        Err(e) if !required && tiers.vram_budget.is_none() => {
-            tracing::warn!("GPU load failed ({e:#}); using the CPU");
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
 }
