@@ -61,13 +61,14 @@ impl ExpertsArg {
 #[derive(clap::Args, Debug, Clone)]
 pub struct TierArgs {
     /// VRAM the engine may use, e.g. 12GiB, 800MiB, 1.5G (binary), 12GB (decimal). Default: what
-    /// the adapter reports free (Vulkan's VK_EXT_memory_budget), less a reserve of 5 % (at least
-    /// 512 MiB); where the adapter does not report it (DX12, Metal, some drivers), every weight is
-    /// loaded into VRAM and the load says so.
+    /// the adapter reports free (Vulkan's VK_EXT_memory_budget), less a reserve of 700 MiB;
+    /// where the adapter does not report it (DX12, Metal, some drivers), every weight is loaded
+    /// into VRAM and the load says so.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub vram_budget: Option<u64>,
-    /// Host RAM the engine may use for copies it makes (expert copy, PLE row cache). Default:
-    /// no limit beyond what the system has.
+    /// Host RAM the engine may use for copies it makes: the PLE row cache first (its row count is
+    /// lowered to fit), then the expert copy of `--experts ram` (refused if it does not fit).
+    /// Default: no limit beyond what the system has.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub ram_budget: Option<u64>,
     /// Where routed experts are served from on the host.
@@ -108,6 +109,23 @@ impl TierArgs {
             verify_reads: false,
         }
     }
+
+    /// `--ram-budget` shared between the copies the engine makes: the PLE row cache (of a table of
+    /// `n_rows` rows of `row_bytes`) first, its row count lowered until it fits, then the expert
+    /// copy gets what is left. Returns the cache rows and the expert copy's budget (`None`: no
+    /// budget was given).
+    pub fn split_ram_budget(&self, row_bytes: usize, n_rows: u64) -> (usize, Option<u64>) {
+        let wanted = (self.ple_row_cache as u64).min(n_rows);
+        match self.ram_budget {
+            None => (self.ple_row_cache, None),
+            Some(budget) => {
+                let row = (row_bytes as u64).max(1);
+                let rows = wanted.min(budget / row);
+                let rows_usize = usize::try_from(rows).unwrap_or(usize::MAX);
+                (rows_usize, Some(budget - rows * row))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -119,6 +137,22 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         tiers: TierArgs,
+    }
+
+    #[test]
+    fn ram_budget_covers_the_ple_cache_then_the_expert_copy() {
+        let mut tiers = TierArgs {
+            ple_row_cache: 1000,
+            ..TierArgs::default()
+        };
+        assert_eq!(tiers.split_ram_budget(100, 1 << 20), (1000, None));
+        tiers.ram_budget = Some(1_000_000);
+        // 1000 rows of 100 bytes fit; the rest goes to the experts.
+        assert_eq!(tiers.split_ram_budget(100, 1 << 20), (1000, Some(900_000)));
+        // A table of 10 rows needs no more than 10 cached.
+        assert_eq!(tiers.split_ram_budget(100, 10), (10, Some(999_000)));
+        // Rows of 10 kB: only 100 fit, nothing is left for an expert copy.
+        assert_eq!(tiers.split_ram_budget(10_000, 1 << 20), (100, Some(0)));
     }
 
     #[test]

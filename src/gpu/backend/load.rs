@@ -1,6 +1,7 @@
 //! Loading: weights uploaded block by block, the VRAM budget and plan, the expert tier.
 
 use super::*;
+use crate::tiers::{DEFAULT_VRAM_RESERVE, PleTable, resolve_vram_budget};
 
 pub(super) fn upload(ctx: &GpuContext, m: &QuantMatrix) -> Result<GpuWeight, GpuError> {
     GpuWeight::upload(ctx, m.name(), m.ty, m.cols, m.rows, 1, m.bytes())
@@ -53,55 +54,61 @@ pub(super) fn gate_up_joinable(gate: &[QuantMatrix], up: &[QuantMatrix]) -> bool
     }
 }
 
-/// The checked PLE row reader of a model on disk (`--ple-io`, `--ple-row-cache`); `None` for a
-/// model without a PLE table or held in memory (the built-in demo).
+/// The checked PLE row reader of a model on disk (`--ple-io`, `--ple-row-cache`; `None` for a
+/// model without a PLE table or held in memory, the built-in demo), and what `--ram-budget`
+/// leaves for the expert copy once the reader's row cache is counted
+/// ([`TierArgs::split_ram_budget`]: the cache's row count is lowered to fit).
 pub(super) fn open_ple_reader(
     gguf: &Gguf,
     tiers: &TierArgs,
-) -> anyhow::Result<Option<PleRowReader>> {
+) -> anyhow::Result<(Option<PleRowReader>, Option<u64>)> {
     let Some(tensor) = gguf.tensor(crate::tiers::plan::PLE_TABLE_TENSOR) else {
-        return Ok(None);
+        return Ok((None, tiers.ram_budget));
     };
     let on_disk = gguf
         .shard_paths()
         .get(tensor.shard)
         .is_some_and(|p| !p.as_os_str().is_empty());
     if !on_disk {
-        return Ok(None);
+        return Ok((None, tiers.ram_budget));
     }
-    Ok(Some(PleRowReader::open_gguf(
-        gguf,
-        tiers.ple_reader_options(),
-    )?))
+    let mut options = tiers.ple_reader_options();
+    let mut expert_budget = tiers.ram_budget;
+    if tiers.ram_budget.is_some() {
+        let table = PleTable::from_gguf(gguf)?;
+        let (rows, rest) = tiers.split_ram_budget(table.row_bytes, table.n_rows);
+        let all = usize::try_from(table.n_rows).unwrap_or(usize::MAX);
+        if rows < options.cache_rows.min(all) {
+            eprintln!(
+                "PLE row cache: {rows} rows ({}) to stay within --ram-budget",
+                format_size(rows as u64 * table.row_bytes as u64)
+            );
+        }
+        options.cache_rows = rows;
+        expert_budget = rest;
+    }
+    Ok((Some(PleRowReader::open_gguf(gguf, options)?), expert_budget))
 }
 
-/// Reserve left out of the adapter's free memory for what the plan does not count (driver,
-/// pipelines, staging): 5 % of it, at least 512 MiB.
-pub(super) fn vram_reserve(free: u64) -> u64 {
-    (free / 20).max(512 << 20)
-}
-
-/// The VRAM budget without `--vram-budget`: the adapter's free device memory minus
-/// [`vram_reserve`]. `None` (every weight loaded, as the message says) where the adapter does not
-/// report it.
+/// The VRAM budget without `--vram-budget`: the adapter's free device memory less
+/// [`DEFAULT_VRAM_RESERVE`] (`tiers::resolve_vram_budget`). `None` (every weight loaded, as the
+/// printed line says) where the adapter does not report it or reports less than the reserve.
 pub(super) fn default_vram_budget(ctx: &GpuContext) -> Option<u64> {
-    match crate::gpu::memory::free_device_memory(ctx) {
-        Some(free) => {
-            let reserve = vram_reserve(free);
-            let budget = free.saturating_sub(reserve);
+    let free = crate::gpu::memory::free_device_memory(ctx);
+    match resolve_vram_budget(None, free) {
+        Ok(budget) => {
             eprintln!(
                 "VRAM budget: {} (the adapter reports {} free, less a reserve of {}); \
                  --vram-budget overrides it",
                 format_size(budget),
-                format_size(free),
-                format_size(reserve)
+                format_size(free.unwrap_or(0)),
+                format_size(DEFAULT_VRAM_RESERVE)
             );
             Some(budget)
         }
-        None => {
+        Err(e) => {
             eprintln!(
-                "VRAM budget: the adapter does not report its free memory ({}), so every \
-                 weight is loaded into VRAM; pass --vram-budget to plan for less",
+                "VRAM budget: none set ({} adapter: {e}), so every weight is loaded into VRAM",
                 ctx.adapter.backend
             );
             None
@@ -197,7 +204,11 @@ impl GpuBackend {
         let tiered = plan
             .as_ref()
             .is_some_and(|p| p.expert_slots < p.total_experts);
-        let ple_reader = open_ple_reader(&gguf, tiers)?;
+        let (ple_reader, expert_ram) = open_ple_reader(&gguf, tiers)?;
+        let expert_tiers = TierArgs {
+            ram_budget: expert_ram,
+            ..tiers.clone()
+        };
         let c = &ctx;
         let token_embd = upload(c, &weights.token_embd)?;
         let output = upload(c, &weights.output)?;
@@ -370,7 +381,7 @@ impl GpuBackend {
                     &ctx,
                     Arc::clone(&gguf),
                     plan,
-                    tiers,
+                    &expert_tiers,
                     &views,
                     config.moe.n_expert,
                 )?;
