@@ -285,3 +285,20 @@ fn bad_profiles_are_reported_with_their_line() {
     let err = ExpertProfile::load("/nonexistent/strata/profile.txt").unwrap_err();
     assert!(matches!(err, ExpertCacheError::ProfileIo { .. }), "{err}");
 }
+
+/// Hits and misses are also counted per layer (what `strata bench` reports as the per-layer hit
+/// rate), and add up to the totals.
+#[test]
+fn hits_and_misses_are_counted_per_layer() {
+    let mut cache = ExpertSlotCache::new(4, vec![100, 100, 100]);
+    assign(&mut cache, &[key(0, 1), key(0, 2)]);
+    assign(&mut cache, &[key(2, 1)]);
+    assign(&mut cache, &[key(0, 1), key(0, 3)]);
+    assign(&mut cache, &[key(2, 1)]);
+    assert_eq!(cache.per_layer(), &[(1, 3), (0, 0), (1, 1)]);
+    let (hits, misses) = cache
+        .per_layer()
+        .iter()
+        .fold((0, 0), |(h, m), (a, b)| (h + a, m + b));
+    assert_eq!((hits, misses), (cache.stats().hits, cache.stats().misses));
+}

@@ -654,6 +654,10 @@ fn bench_model(
             t.bytes_uploaded as f64 / 1e9,
             t.upload_gb_per_s()
         );
+        eprintln!(
+            "hit rate per layer: {}",
+            per_layer_rates(&t.per_layer).join(" ")
+        );
     }
     let rss = host_rss_bytes();
     if let Some(r) = rss {
@@ -667,6 +671,10 @@ fn bench_model(
             "hits": t.hits,
             "misses": t.misses,
             "hit_rate": t.hit_rate(),
+            "per_layer": t.per_layer.iter().enumerate()
+                .filter(|(_, (h, m))| h + m > 0)
+                .map(|(l, (h, m))| serde_json::json!({"layer": l, "hits": h, "misses": m}))
+                .collect::<Vec<_>>(),
             "bytes_uploaded": t.bytes_uploaded,
             "upload_gb_per_s": t.upload_gb_per_s(),
         })),
@@ -686,6 +694,16 @@ fn bench_model(
         "decode_step_kernels": kernels,
         "prefill_chunk_kernels": prefill_kernels,
     }))
+}
+
+/// `layer:rate%` for every layer the expert cache was asked for.
+fn per_layer_rates(per_layer: &[(u64, u64)]) -> Vec<String> {
+    per_layer
+        .iter()
+        .enumerate()
+        .filter(|(_, (h, m))| h + m > 0)
+        .map(|(l, (h, m))| format!("{l}:{:.0}%", *h as f64 * 100.0 / (h + m) as f64))
+        .collect()
 }
 
 /// Adds one random quantized matrix tensor (name, ggml dims) to the writer.

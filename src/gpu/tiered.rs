@@ -73,6 +73,8 @@ pub struct TierStats {
     pub total_experts: u64,
     pub hits: u64,
     pub misses: u64,
+    /// (hits, misses) per layer, indexed by layer number.
+    pub per_layer: Vec<(u64, u64)>,
     /// Bytes uploaded into slots on misses (after the start-up fill).
     pub bytes_uploaded: u64,
     /// Experts and bytes placed at start from the profile.
@@ -459,6 +461,7 @@ impl ExpertTier {
             total_experts: self.total_experts,
             hits: c.hits,
             misses: c.misses,
+            per_layer: state.cache.per_layer().to_vec(),
             bytes_uploaded: c.bytes_uploaded,
             preloaded: c.preloaded,
             bytes_preloaded: c.bytes_preloaded,

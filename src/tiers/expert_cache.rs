@@ -98,6 +98,8 @@ pub struct ExpertSlotCache {
     free: BTreeSet<u32>,
     clock: u64,
     stats: ExpertCacheStats,
+    /// (hits, misses) per layer, indexed by layer number.
+    per_layer: Vec<(u64, u64)>,
 }
 
 impl ExpertSlotCache {
@@ -114,6 +116,7 @@ impl ExpertSlotCache {
             free: (0..n_slots as u32).collect(),
             clock: 0,
             stats: ExpertCacheStats::default(),
+            per_layer: Vec::new(),
         }
     }
 
@@ -123,6 +126,26 @@ impl ExpertSlotCache {
 
     pub fn stats(&self) -> ExpertCacheStats {
         self.stats
+    }
+
+    /// (hits, misses) per layer since the cache was made, indexed by layer number (layers never
+    /// asked for have (0, 0) or lie past the end).
+    pub fn per_layer(&self) -> &[(u64, u64)] {
+        &self.per_layer
+    }
+
+    fn count(&mut self, layer: u32, hit: bool) {
+        let l = layer as usize;
+        if self.per_layer.len() <= l {
+            self.per_layer.resize(l + 1, (0, 0));
+        }
+        if let Some(entry) = self.per_layer.get_mut(l) {
+            if hit {
+                entry.0 += 1;
+            } else {
+                entry.1 += 1;
+            }
+        }
     }
 
     /// The slot of `key` if it is resident (does not count as a use).
@@ -223,6 +246,13 @@ impl ExpertSlotCache {
             self.stats.bytes_uploaded += sizes.get(&key).copied().unwrap_or(0);
         }
         self.stats.hits += outcome.values().filter(|(_, hit)| *hit).count() as u64;
+        let counted: Vec<(u32, bool)> = outcome
+            .iter()
+            .map(|(k, (_, hit))| (k.layer, *hit))
+            .collect();
+        for (layer, hit) in counted {
+            self.count(layer, hit);
+        }
         Ok(wanted
             .iter()
             .map(|&key| {
