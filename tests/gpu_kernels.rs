@@ -3,34 +3,15 @@
 //! Harness: the adapter is printed; without one the test fails when `CI` is set and is skipped
 //! with a message otherwise. Tolerances are stated per kernel next to each check.
 
+mod common;
+
+use common::gpu_context as context;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, View};
-
-fn context() -> Option<Arc<GpuContext>> {
-    let adapter = std::env::var("STRATA_ADAPTER")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    match GpuContext::new(adapter) {
-        Ok(ctx) => {
-            println!("adapter: {}", ctx.describe());
-            Some(ctx)
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
-            }
-            eprintln!(
-                "SKIPPED: no usable GPU adapter ({e}); install mesa-vulkan-drivers for lavapipe"
-            );
-            None
-        }
-    }
-}
 
 /// The repository root: `STRATA_REPO` when set (a test binary carried to another machine, where
 /// the compile-time path does not exist), else the crate directory.

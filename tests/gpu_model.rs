@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 mod common;
-use common::{fixtures, margins, prompt_ids, read, run};
+use common::{fixtures, gpu_context as context, margins, prompt_ids, read, run};
 
 use strata::engine::Backend;
 use strata::gguf::Gguf;
@@ -17,25 +17,6 @@ use strata::gpu::backend::GpuBackend;
 
 const TOLERANCE: f32 = 1e-3;
 const MIN_QSA_MARGIN: f32 = 1e-3;
-
-fn context() -> Option<Arc<GpuContext>> {
-    let adapter = std::env::var("STRATA_ADAPTER")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    match GpuContext::new(adapter) {
-        Ok(ctx) => {
-            println!("adapter: {}", ctx.describe());
-            Some(ctx)
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
-            }
-            eprintln!("SKIPPED: no usable GPU adapter ({e})");
-            None
-        }
-    }
-}
 
 fn load(ctx: &Arc<GpuContext>, ty: &str) -> Arc<GpuBackend> {
     let path = fixtures().join(format!("tiny-{ty}.gguf"));

@@ -5,29 +5,15 @@
 //! item, or more items than a tile holds, split and block layouts and float rows of any length.
 //! `.ci/run` repeats this file at subgroup sizes 4, 8 and 16.
 
-use std::sync::Arc;
+mod common;
+
+use common::gpu_context as context;
 
 use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, View, XForm};
 use strata::gpu::ops;
-
-fn context() -> Option<Arc<GpuContext>> {
-    match GpuContext::new(None) {
-        Ok(ctx) => {
-            println!("adapter: {}", ctx.describe());
-            Some(ctx)
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
-            }
-            eprintln!("SKIPPED: no usable GPU adapter ({e})");
-            None
-        }
-    }
-}
 
 fn xorshift(s: &mut u64) -> u64 {
     *s ^= *s << 13;

@@ -8,6 +8,9 @@
 //! * every type the CPU can dequantize has a GPU kernel, so `--backend auto` never falls back to the
 //!   CPU for a weight type.
 
+mod common;
+
+use common::gpu_context as context;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -24,25 +27,6 @@ const NEW_TYPES: &[(&str, GgmlType)] = &[
     ("mxfp4", GgmlType::MXFP4),
     ("nvfp4", GgmlType::NVFP4),
 ];
-
-fn context() -> Option<Arc<GpuContext>> {
-    let adapter = std::env::var("STRATA_ADAPTER")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    match GpuContext::new(adapter) {
-        Ok(ctx) => {
-            println!("adapter: {}", ctx.describe());
-            Some(ctx)
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
-            }
-            eprintln!("SKIPPED: no usable GPU adapter ({e})");
-            None
-        }
-    }
-}
 
 fn vectors_dir() -> PathBuf {
     std::env::var_os("STRATA_REPO")

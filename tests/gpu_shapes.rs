@@ -10,31 +10,15 @@
 //! sum |w x| per row (f32 accumulation in another order), and one dispatch of several vectors must
 //! give the same bits as one dispatch per vector.
 
+mod common;
+
+use common::gpu_context as context;
 use std::sync::Arc;
 
 use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, View};
-
-fn context() -> Option<Arc<GpuContext>> {
-    let adapter = std::env::var("STRATA_ADAPTER")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    match GpuContext::new(adapter) {
-        Ok(ctx) => {
-            println!("adapter: {}", ctx.describe());
-            Some(ctx)
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
-            }
-            eprintln!("SKIPPED: no usable GPU adapter ({e})");
-            None
-        }
-    }
-}
 
 /// Deterministic values in [-1, 1) (xorshift).
 fn random_vec(n: usize, seed: u64) -> Vec<f32> {

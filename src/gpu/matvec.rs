@@ -109,11 +109,14 @@ pub enum Store<'a> {
 
 /// Invocations per mat-vec workgroup (`STRATA_MATVEC_WG` overrides: 64, 128 or 256, for tuning).
 fn wg_size() -> usize {
-    std::env::var("STRATA_MATVEC_WG")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| [64, 128, 256].contains(n))
-        .unwrap_or(128)
+    static WG: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WG.get_or_init(|| {
+        std::env::var("STRATA_MATVEC_WG")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [64, 128, 256].contains(n))
+            .unwrap_or(128)
+    })
 }
 const TILE: usize = 4;
 
@@ -133,7 +136,8 @@ fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
     if w.split.is_none() {
         return 2;
     }
-    if let Some(n) = env_rows("STRATA_MATVEC_ROWS") {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if let Some(n) = *ROWS.get_or_init(|| env_rows("STRATA_MATVEC_ROWS")) {
         return n;
     }
     match rows {
@@ -147,14 +151,18 @@ fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
 /// the split layouts take 4, sharing each x load among 4 rows; the rest as
 /// [`rows_per_subgroup`].
 fn rows_for_tile(w: &GpuWeight, rows: usize, tile: usize) -> usize {
+    static PREFILL_ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     if tile == TILE && w.split.is_some() {
-        env_rows("STRATA_PREFILL_ROWS").unwrap_or(4)
+        PREFILL_ROWS
+            .get_or_init(|| env_rows("STRATA_PREFILL_ROWS"))
+            .unwrap_or(4)
     } else {
         rows_per_subgroup(w, rows)
     }
 }
 
-/// A rows-per-subgroup override from the environment (1 to 4; for tuning, never for results).
+/// A rows-per-subgroup override from the environment (1 to 4; for tuning, never for results),
+/// read once per process by its caller.
 fn env_rows(var: &str) -> Option<usize> {
     std::env::var(var)
         .ok()
@@ -451,6 +459,31 @@ fn segment_params(
     Ok(())
 }
 
+/// Parameters shared by the expert entry points for one part of an expert tensor.
+#[allow(clippy::too_many_arguments)]
+fn expert_params(
+    w: &GpuWeight,
+    part: &WeightPart,
+    x: View,
+    xform: XForm,
+    y: View,
+    items: usize,
+    slots: usize,
+    x_per_item: bool,
+    per_wg: usize,
+) -> Result<MatvecParams, GpuError> {
+    let mut params = base_params(w, part, x, xform, items)?;
+    params.rows = to_u32(w.rows_per_unit, "rows")?;
+    params.y_stride = to_u32(y.stride, "y stride")?;
+    params.y_offset = to_u32(y.offset, "y offset")?;
+    params.slots = to_u32(slots, "slots")?;
+    params.x_per_item = x_per_item as u32;
+    params.expert_first = to_u32(part.first_row / w.rows_per_unit, "expert")?;
+    params.expert_count = to_u32(part.n_rows / w.rows_per_unit, "experts")?;
+    params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
+    Ok(params)
+}
+
 /// Expert mat-vec: for item i (= token * slots + slot), y[i] = W_{ids[i]} . x, where x is
 /// x[i] when `x_per_item`, else x[i / slots]. `ids` lives on the GPU (written by the router).
 #[allow(clippy::too_many_arguments)]
@@ -512,15 +545,7 @@ pub fn matvec_expert_with(
     let (gy, gz) = item_grid(items);
     let grid = ctx.grid_buffer(w.ty)?;
     for part in &w.parts {
-        let mut params = base_params(w, part, x, xform, items)?;
-        params.rows = to_u32(w.rows_per_unit, "rows")?;
-        params.y_stride = to_u32(y.stride, "y stride")?;
-        params.y_offset = to_u32(y.offset, "y offset")?;
-        params.slots = to_u32(slots, "slots")?;
-        params.x_per_item = x_per_item as u32;
-        params.expert_first = to_u32(part.first_row / w.rows_per_unit, "expert")?;
-        params.expert_count = to_u32(part.n_rows / w.rows_per_unit, "experts")?;
-        params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
+        let params = expert_params(w, part, x, xform, y, items, slots, x_per_item, per_wg)?;
         let mut b = bindings(w, part, &grid);
         b.push((1, &*x.buf.buffer));
         b.push((2, &*y.buf.buffer));
@@ -583,15 +608,7 @@ pub fn matvec_group(
     let per_wg = (wg_size() / sg).max(1);
     let grid = ctx.grid_buffer(w.ty)?;
     for part in &w.parts {
-        let mut params = base_params(w, part, x, xform, items)?;
-        params.rows = to_u32(w.rows_per_unit, "rows")?;
-        params.y_stride = to_u32(y.stride, "y stride")?;
-        params.y_offset = to_u32(y.offset, "y offset")?;
-        params.slots = to_u32(slots, "slots")?;
-        params.x_per_item = x_per_item as u32;
-        params.expert_first = to_u32(part.first_row / w.rows_per_unit, "expert")?;
-        params.expert_count = to_u32(part.n_rows / w.rows_per_unit, "experts")?;
-        params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
+        let mut params = expert_params(w, part, x, xform, y, items, slots, x_per_item, per_wg)?;
         params.group_base = to_u32(experts, "group base")?;
         params.group_cap = to_u32(group_cap, "group room")?;
         let mut b = bindings(w, part, &grid);

@@ -142,3 +142,24 @@ pub fn rebuilt_q6_k() -> strata::gguf::Gguf {
     );
     Gguf::from_vec("tiny-Q6_K.gguf", bytes).expect("rebuilt tiny-Q6_K.gguf parses")
 }
+
+/// The GPU adapter for a test (`STRATA_ADAPTER` picks one), printed. Without one the test is
+/// skipped with a message, except under `CI`, where a missing adapter is a failure.
+pub fn gpu_context() -> Option<Arc<strata::gpu::GpuContext>> {
+    let adapter = std::env::var("STRATA_ADAPTER")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    match strata::gpu::GpuContext::new(adapter) {
+        Ok(ctx) => {
+            println!("adapter: {}", ctx.describe());
+            Some(ctx)
+        }
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
+            }
+            eprintln!("SKIPPED: no usable GPU adapter ({e})");
+            None
+        }
+    }
+}

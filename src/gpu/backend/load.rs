@@ -74,8 +74,8 @@ pub(super) fn open_ple_reader(
     }
     let mut options = tiers.ple_reader_options();
     let mut expert_budget = tiers.ram_budget;
+    let table = PleTable::from_gguf(gguf)?;
     if tiers.ram_budget.is_some() {
-        let table = PleTable::from_gguf(gguf)?;
         let (rows, rest) = tiers.split_ram_budget(table.row_bytes, table.n_rows);
         let all = usize::try_from(table.n_rows).unwrap_or(usize::MAX);
         if rows < options.cache_rows.min(all) {
@@ -87,7 +87,7 @@ pub(super) fn open_ple_reader(
         options.cache_rows = rows;
         expert_budget = rest;
     }
-    Ok((Some(PleRowReader::open_gguf(gguf, options)?), expert_budget))
+    Ok((Some(PleRowReader::open(table, options)?), expert_budget))
 }
 
 /// The VRAM budget without `--vram-budget`: the adapter's free device memory less
