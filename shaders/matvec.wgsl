@@ -16,7 +16,9 @@
 //   entry points  matvec: y rows; matvec_seg: rows split over three outputs (concatenated
 //                 weights); matvec_mix: the hyper-connection mix of the rows (i + s*h) as in
 //                 hc.wgsl's hc_mix_out; matvec_combine: y added into the wide residual as in
-//                 hc.wgsl's hc_combine; matvec_expert: one expert per item (ids from the router);
+//                 hc.wgsl's hc_combine; matvec_moe_combine: the shared expert's down rows
+//                 finishing the MoE block as moe.wgsl's moe_combine_hc; matvec_expert: one
+//                 expert per item (ids from the router);
 //                 matvec_group: the items of each expert in tiles (prefill, grouped by moe_group).
 // A tile's vectors start at x_base + XS.x, .y, .z, .w (XS.x = 0): evenly spaced for the dense
 // entries, gathered for matvec_group. The row bodies read them through XS only.
@@ -326,6 +328,62 @@ fn matvec_combine(@builtin(workgroup_id) wg: vec3<u32>,
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+// matvec_moe_combine: the routed experts' outputs, their routing weights and the shared expert's
+// gate logit per token.
+@group(0) @binding(10) var<storage, read> ROUTED: array<f32>;
+@group(0) @binding(11) var<storage, read> RWTS: array<f32>;
+@group(0) @binding(12) var<storage, read> SGATE: array<f32>;
+
+// The rows are the shared expert's down projection (row_base + row = value i of the MoE output):
+// the lanes finish the MoE block as moe.wgsl's moe_combine_hc does, with the same arithmetic in
+// the same order (routed slots in order, then the gated shared value), and adds it into the wide
+// residual Y stream by stream.
+@compute @workgroup_size(WG)
+fn matvec_moe_combine(@builtin(workgroup_id) wg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32,
+                      @builtin(subgroup_id) sg_id: u32,
+                      @builtin(num_subgroups) n_sg: u32,
+                      @builtin(subgroup_invocation_id) lane: u32,
+                      @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let tile = tile_of(wg);
+    if (tile.n_items == 0u) {
+        return;
+    }
+    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
+        let row0 = wg.x * p.rows_per_wg * ROWS + r;
+        if (row0 >= p.rows) {
+            break;
+        }
+        let n_rows = min(ROWS, p.rows - row0);
+        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
+        // Every lane holds the reduced rows: lane q finishes the (row, vector) pairs q, q + S, ...
+        // (the same arithmetic whichever lane does it), so a prefill tile's 16 pairs run side by
+        // side rather than in series on one lane.
+        let wide = p.h * p.hc;
+        for (var q = lane; q < ROWS * TILE; q += sg_size) {
+            let j = q / TILE;
+            let t = q % TILE;
+            if (j < n_rows && t < ITEMS) {
+                let tok = tile.first_item + t;
+                let gate = 1.0 / (1.0 + exp(-SGATE[tok]));
+                let i = p.row_base + row0 + j;
+                var m = 0.0;
+                for (var slot = 0u; slot < p.slots; slot++) {
+                    let item = tok * p.slots + slot;
+                    m += RWTS[item] * ROUTED[item * p.h + i];
+                }
+                m += gate * comp(acc_row(acc, j), t);
+                for (var s = 0u; s < p.hc; s++) {
+                    let alpha = 2.0 * (1.0 / (1.0 + exp(-(AUX[tok * p.hc + s] * (1.0 / f32(p.hc))))));
+                    Y[tok * wide + s * p.h + i] += alpha * m;
                 }
             }
         }

@@ -26,8 +26,6 @@ var<immediate> p: Params;
 @group(0) @binding(2) var<storage, read_write> WTS: array<f32>;    // [T*k]
 
 const ROUTER_WG: u32 = 64u;
-// Experts per router invocation, in registers: up to ROUTER_WG * ROUTER_PER_LANE = 2048 experts.
-const ROUTER_PER_LANE: u32 = 32u;
 const NO_EXPERT: u32 = 0xffffffffu;
 var<workgroup> red_value: array<f32, ROUTER_WG>;
 var<workgroup> red_id: array<u32, ROUTER_WG>;
@@ -121,48 +119,31 @@ fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     }
     let lid = lid3.x;
     let base = t * p.n_expert;
-    // This invocation's experts lid + j * ROUTER_WG, held in registers for the whole kernel (the
-    // launcher keeps n_expert <= ROUTER_WG * ROUTER_PER_LANE).
-    var pr: array<f32, ROUTER_PER_LANE>;
     var local_max = -3.402823e38;
-    for (var j = 0u; j < ROUTER_PER_LANE; j++) {
-        let e = lid + j * ROUTER_WG;
-        pr[j] = 0.0;
-        if (e < p.n_expert) {
-            pr[j] = LOGITS[base + e];
-            local_max = max(local_max, pr[j]);
-        }
+    for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
+        local_max = max(local_max, LOGITS[base + e]);
     }
     let mx = tree_max(local_max, lid);
     var local_sum = 0.0;
-    for (var j = 0u; j < ROUTER_PER_LANE; j++) {
-        if (lid + j * ROUTER_WG < p.n_expert) {
-            pr[j] = exp(pr[j] - mx);
-            local_sum += pr[j];
-        }
+    for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
+        let v = exp(LOGITS[base + e] - mx);
+        LOGITS[base + e] = v;
+        local_sum += v;
     }
     let inv = 1.0 / tree_sum(local_sum, lid);
-    for (var j = 0u; j < ROUTER_PER_LANE; j++) {
-        let e = lid + j * ROUTER_WG;
-        if (e < p.n_expert) {
-            pr[j] *= inv;
-            LOGITS[base + e] = pr[j];
-        }
+    for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
+        LOGITS[base + e] *= inv;
     }
     var total = 0.0;
     var prev_e = NO_EXPERT;
     var prev_v = 0.0;
-    // Invocation `slot` keeps that slot's choice until the weights are normalised.
-    var my_e = 0u;
-    var my_v = 0.0;
     for (var slot = 0u; slot < p.k; slot++) {
         var best_e = NO_EXPERT;
         var best_v = 0.0;
-        for (var j = 0u; j < ROUTER_PER_LANE; j++) {
-            let e = lid + j * ROUTER_WG;
-            let v = pr[j];
+        for (var e = lid; e < p.n_expert; e += ROUTER_WG) {
+            let v = LOGITS[base + e];
             let after_prev = prev_e == NO_EXPERT || ranks_before(prev_v, prev_e, v, e);
-            if (e < p.n_expert && after_prev && ranks_before(v, e, best_v, best_e)) {
+            if (after_prev && ranks_before(v, e, best_v, best_e)) {
                 best_e = e;
                 best_v = v;
             }
@@ -179,14 +160,15 @@ fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         prev_e = chosen;
         prev_v = chosen_v;
         total += chosen_v;
-        if (lid == slot) {
-            my_e = chosen;
-            my_v = chosen_v;
+        if (lid == 0u) {
+            IDS[t * p.k + slot] = chosen;
+            WTS[t * p.k + slot] = chosen_v;
         }
     }
-    if (lid < p.k) {
-        IDS[t * p.k + lid] = my_e;
-        WTS[t * p.k + lid] = my_v / total;
+    if (lid == 0u) {
+        for (var slot = 0u; slot < p.k; slot++) {
+            WTS[t * p.k + slot] = WTS[t * p.k + slot] / total;
+        }
     }
 }
 

@@ -22,6 +22,9 @@ struct Params {
     w_period: u32,
     eps: f32,
     scale: f32,
+    half: u32,          // rmsnorm_rope: rotated pairs (i, i + half) per group
+    pos0: u32,          // rmsnorm_rope: position of token 0, and between tokens
+    pos_step: u32,
 }
 
 var<immediate> p: Params;
@@ -30,6 +33,8 @@ var<immediate> p: Params;
 @group(0) @binding(1) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(2) var<storage, read> Wt: array<f32>;
 @group(0) @binding(3) var<storage, read> Z: array<f32>;
+// rmsnorm_rope: (cos, sin) per position and pair, as qsa.wgsl's rope reads it.
+@group(0) @binding(4) var<storage, read> ROPE: array<f32>;
 
 const WG: u32 = 256u;
 // One slot per subgroup (at least 1 lane per subgroup, so never more than WG subgroups).
@@ -61,6 +66,26 @@ fn inv_norm(sum_sq: f32) -> f32 {
     return 1.0 / sqrt(sum_sq + p.eps);
 }
 
+// This invocation's sum of squares of X[src + i], i = l, l + WG, ... < n, in that order. Four loads
+// are issued together (the same sequential fma order), so a wide row costs a few memory latencies,
+// not one per value.
+fn sum_sq_x(src: u32, l: u32) -> f32 {
+    var acc = 0.0;
+    var i = l;
+    for (; i + 3u * WG < p.n; i += 4u * WG) {
+        let a = X[src + i];
+        let b = X[src + i + WG];
+        let c = X[src + i + 2u * WG];
+        let d = X[src + i + 3u * WG];
+        acc = fma(d, d, fma(c, c, fma(b, b, fma(a, a, acc))));
+    }
+    for (; i < p.n; i += WG) {
+        let v = X[src + i];
+        acc = fma(v, v, acc);
+    }
+    return acc;
+}
+
 fn weight(g: u32, i: u32) -> f32 {
     if (p.w_period == 0u) {
         return 1.0;
@@ -76,13 +101,19 @@ fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     let t = wg.y;
     let src = p.in_off + t * p.in_tstride + g * p.in_gstride;
     let dst = p.out_off + t * p.out_tstride + g * p.out_gstride;
-    var acc = 0.0;
-    for (var i = lid.x; i < p.n; i += WG) {
-        let v = X[src + i];
-        acc = fma(v, v, acc);
+    let inv = inv_norm(block_sum(sum_sq_x(src, lid.x), Lane(sg_lane, sg_id, n_sg)));
+    var i = lid.x;
+    for (; i + 3u * WG < p.n; i += 4u * WG) {
+        let a = X[src + i];
+        let b = X[src + i + WG];
+        let c = X[src + i + 2u * WG];
+        let d = X[src + i + 3u * WG];
+        Y[dst + i] = a * inv * weight(g, i) * p.scale;
+        Y[dst + i + WG] = b * inv * weight(g, i + WG) * p.scale;
+        Y[dst + i + 2u * WG] = c * inv * weight(g, i + 2u * WG) * p.scale;
+        Y[dst + i + 3u * WG] = d * inv * weight(g, i + 3u * WG) * p.scale;
     }
-    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
-    for (var i = lid.x; i < p.n; i += WG) {
+    for (; i < p.n; i += WG) {
         Y[dst + i] = X[src + i] * inv * weight(g, i) * p.scale;
     }
 }
@@ -95,8 +126,16 @@ fn rmsnorm_inplace(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let t = wg.y;
     let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
     var acc = 0.0;
-    for (var i = lid.x; i < p.n; i += WG) {
-        let v = Y[base + i];
+    var j = lid.x;
+    for (; j + 3u * WG < p.n; j += 4u * WG) {
+        let a = Y[base + j];
+        let b = Y[base + j + WG];
+        let c = Y[base + j + 2u * WG];
+        let d = Y[base + j + 3u * WG];
+        acc = fma(d, d, fma(c, c, fma(b, b, fma(a, a, acc))));
+    }
+    for (; j < p.n; j += WG) {
+        let v = Y[base + j];
         acc = fma(v, v, acc);
     }
     let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
@@ -113,14 +152,49 @@ fn rmsnorm_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     let t = wg.y;
     let src = p.in_off + t * p.in_tstride + g * p.in_gstride;
     let dst = p.out_off + t * p.out_tstride + g * p.out_gstride;
-    var acc = 0.0;
-    for (var i = lid.x; i < p.n; i += WG) {
-        let v = X[src + i];
-        acc = fma(v, v, acc);
-    }
-    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
+    let inv = inv_norm(block_sum(sum_sq_x(src, lid.x), Lane(sg_lane, sg_id, n_sg)));
     for (var i = lid.x; i < p.n; i += WG) {
         let gate = 1.0 / (1.0 + exp(-Z[src + i]));
         Y[dst + i] = X[src + i] * inv * weight(g, i) * gate;
+    }
+}
+
+// rmsnorm_inplace followed by qsa.wgsl's rope (partial NeoX rotation of pairs (i, i + half) at
+// position pos0 + t * pos_step), one dispatch instead of two with the same arithmetic: each value
+// is normed exactly as rmsnorm_inplace stores it, then rotated exactly as rope rotates it. Every
+// read of the sum comes before block_sum's barrier, and each value is then read and written by
+// one invocation only.
+@compute @workgroup_size(WG)
+fn rmsnorm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
+        @builtin(num_subgroups) n_sg: u32) {
+    let g = wg.x;
+    let t = wg.y;
+    let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
+    var acc = 0.0;
+    var j = lid.x;
+    for (; j + 3u * WG < p.n; j += 4u * WG) {
+        let a = Y[base + j];
+        let b = Y[base + j + WG];
+        let c = Y[base + j + 2u * WG];
+        let d = Y[base + j + 3u * WG];
+        acc = fma(d, d, fma(c, c, fma(b, b, fma(a, a, acc))));
+    }
+    for (; j < p.n; j += WG) {
+        let v = Y[base + j];
+        acc = fma(v, v, acc);
+    }
+    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
+    let pos = p.pos0 + t * p.pos_step;
+    for (var i = lid.x; i < p.half; i += WG) {
+        let a = Y[base + i] * inv * weight(g, i) * p.scale;
+        let b = Y[base + p.half + i] * inv * weight(g, p.half + i) * p.scale;
+        let c = ROPE[(pos * p.half + i) * 2u];
+        let s = ROPE[(pos * p.half + i) * 2u + 1u];
+        Y[base + i] = a * c - b * s;
+        Y[base + p.half + i] = b * c + a * s;
+    }
+    for (var i = 2u * p.half + lid.x; i < p.n; i += WG) {
+        Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
     }
 }

@@ -280,7 +280,15 @@ fn matvec_matches_cpu_and_is_batch_invariant() {
 fn all_op_shaders_build() {
     let Some(ctx) = context() else { return };
     let entries: &[(&str, &[&'static str])] = &[
-        ("norm", &["rmsnorm", "rmsnorm_inplace", "rmsnorm_gated"]),
+        (
+            "norm",
+            &[
+                "rmsnorm",
+                "rmsnorm_inplace",
+                "rmsnorm_gated",
+                "rmsnorm_rope",
+            ],
+        ),
         (
             "elementwise",
             &["silu_scale", "swiglu", "copy_rows", "block_mean"],
@@ -503,6 +511,94 @@ fn rope_matches_cpu() {
         }
     }
     close(&download(&ctx, &xb, x.len()), &want, 1e-6, "rope");
+}
+
+/// The fused per-head norm and rotation (`rmsnorm_rope`) against `rmsnorm_inplace` then `rope`:
+/// the same bits (decode and prefill both take the fused form; the separate kernels are its
+/// definition), on heads that are not a multiple of the workgroup, with a partial rotation,
+/// interleaved gate halves and a position step (block keys). Against the CPU too (1e-5 relative).
+#[test]
+fn rmsnorm_rope_matches_the_separate_kernels() {
+    let Some(ctx) = context() else { return };
+    for (heads, hd, rotary, tokens, pos0, step, stride) in [
+        (3, 32, 16, 5, 1000, 1, 2),
+        (2, 300, 64, 3, 7, 4, 1),
+        (5, 36, 36, 2, 0, 1, 1),
+    ] {
+        let half = rotary / 2;
+        let inv = cpu::rope_inv_freqs(1e7, rotary);
+        let positions = pos0 + (tokens - 1) * step + 1;
+        let mut table = vec![0f32; positions * half * 2];
+        let (mut c, mut s) = (vec![0f32; half], vec![0f32; half]);
+        for p in 0..positions {
+            cpu::rope_cos_sin(p, &inv, &mut c, &mut s);
+            for i in 0..half {
+                table[(p * half + i) * 2] = c[i];
+                table[(p * half + i) * 2 + 1] = s[i];
+            }
+        }
+        let x = random_vec(tokens * heads * stride * hd, 31 + hd as u64);
+        let w = random_vec(hd, 32);
+        let (tb, wb) = (upload(&ctx, &table), upload(&ctx, &w));
+        let dummy = GpuBuf::zeros(&ctx, "dummy", 4).expect("dummy");
+        let groups = Groups {
+            n: hd,
+            groups: heads,
+            off: 0,
+            group_stride: stride * hd,
+            token_stride: heads * stride * hd,
+        };
+        let spec = NormSpec {
+            mode: NormMode::Rms,
+            eps: 1e-6,
+            scale: 1.0,
+            weight: Some((&wb, hd)),
+        };
+        let separate = upload(&ctx, &x);
+        let mut rec = Recorder::new();
+        gops::rmsnorm_inplace(&ctx, &mut rec, &spec, &separate, groups, tokens, &dummy)
+            .expect("norm");
+        gops::rope(
+            &ctx,
+            &mut rec,
+            &separate,
+            &tb,
+            tokens,
+            heads,
+            stride * hd,
+            heads * stride * hd,
+            0,
+            half,
+            pos0,
+            step,
+        )
+        .expect("rope");
+        rec.run(&ctx).expect("run");
+        let fused = upload(&ctx, &x);
+        let mut rec = Recorder::new();
+        gops::rmsnorm_rope(
+            &ctx, &mut rec, &spec, &fused, groups, tokens, &dummy, &tb, half, pos0, step,
+        )
+        .expect("fused");
+        rec.run(&ctx).expect("run");
+        let a = download(&ctx, &separate, x.len());
+        let b = download(&ctx, &fused, x.len());
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(p.to_bits(), q.to_bits(), "hd {hd}: value {i}: {p} vs {q}");
+        }
+        let mut want = x.clone();
+        for t in 0..tokens {
+            cpu::rope_cos_sin(pos0 + t * step, &inv, &mut c, &mut s);
+            let row = &mut want[t * heads * stride * hd..(t + 1) * heads * stride * hd];
+            for head in row.chunks_mut(stride * hd) {
+                let mut normed = vec![0f32; hd];
+                cpu::rmsnorm(&head[..hd], &w, 1e-6, &mut normed);
+                cpu::rope_apply(&mut normed, &c, &s);
+                head[..hd].copy_from_slice(&normed);
+            }
+        }
+        close(&b, &want, 1e-5, "rmsnorm_rope");
+    }
 }
 
 /// MoE router: softmax over all experts, top-k with the lowest id winning ties, renormalised —

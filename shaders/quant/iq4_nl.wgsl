@@ -14,13 +14,16 @@ fn iq4_value(q: u32) -> f32 {
     return f32(bitcast<i32>(byte << 24u) >> 24u);
 }
 
-// The codebook as f32 in workgroup memory (filled by the prologue): a lookup per value without
-// a dynamically indexed vector, which drivers turn into local-memory traffic.
-var<workgroup> IQ4T: array<f32, 16>;
+// The codebook values of both nibbles of every byte, as f32 in workgroup memory (filled by the
+// prologue): one table read gives two values, low nibble first, so a value costs a fraction of a
+// byte unpack (integer work bounds this mat-vec on large GPUs).
+var<workgroup> IQ4P: array<vec2<f32>, 256>;
 
 fn prologue(lid: u32) {
-    if (lid < 16u) {
-        IQ4T[lid] = iq4_value(lid);
+    if (lid < 64u) {
+        for (var b = lid; b < 256u; b += 64u) {
+            IQ4P[b] = vec2<f32>(iq4_value(b & 15u), iq4_value(b >> 4u));
+        }
     }
 }
 
@@ -28,17 +31,26 @@ fn task_x(t: u32) -> vec2<u32> {
     return vec2<u32>(32u * t, 32u * t + 16u);
 }
 
-// Codebook values of the nibbles at `shift` of the 4 bytes of `w`.
-fn iq4_codes(w: u32, shift: u32) -> vec4<f32> {
-    let q = (w >> shift) & 0x0f0f0f0fu;
-    return vec4<f32>(IQ4T[q & 0xffu], IQ4T[(q >> 8u) & 0xffu], IQ4T[(q >> 16u) & 0xffu],
-                     IQ4T[q >> 24u]);
+// The 4 bytes of `w`: their low-nibble values (values 4j.. of the block) and high-nibble values.
+struct Pair4 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn iq4_pairs(w: u32) -> Pair4 {
+    let a = IQ4P[w & 0xffu];
+    let b = IQ4P[(w >> 8u) & 0xffu];
+    let c = IQ4P[(w >> 16u) & 0xffu];
+    let d = IQ4P[w >> 24u];
+    return Pair4(vec4<f32>(a.x, b.x, c.x, d.x), vec4<f32>(a.y, b.y, c.y, d.y));
 }
 
 fn task_w(body: u32, d_row: u32, t: u32) -> Task {
     let q = W4[(body + t * BODY_BYTES) >> 4u];
     let d = d_f16(d_row + 2u * t);
-    return Task(iq4_codes(q.x, 0u), iq4_codes(q.y, 0u), iq4_codes(q.z, 0u), iq4_codes(q.w, 0u),
-                iq4_codes(q.x, 4u), iq4_codes(q.y, 4u), iq4_codes(q.z, 4u), iq4_codes(q.w, 4u),
-                d, d);
+    let x = iq4_pairs(q.x);
+    let y = iq4_pairs(q.y);
+    let z = iq4_pairs(q.z);
+    let w = iq4_pairs(q.w);
+    return Task(x.lo, y.lo, z.lo, w.lo, x.hi, y.hi, z.hi, w.hi, d, d);
 }

@@ -85,6 +85,13 @@ impl Recorder {
 
     /// Encode, submit and wait.
     pub fn run(&self, ctx: &GpuContext) -> Result<(), GpuError> {
+        self.submit(ctx);
+        ctx.wait()
+    }
+
+    /// Encode and submit without waiting: the GPU starts on these dispatches while the host
+    /// records the next ones (queue order keeps every dependency).
+    pub fn submit(&self, ctx: &GpuContext) {
         let mut encoder = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -92,7 +99,13 @@ impl Recorder {
             });
         self.encode(&mut encoder, None);
         ctx.queue.submit([encoder.finish()]);
-        ctx.wait()
+    }
+
+    /// Submit what this recorder holds (see [`Self::submit`]) and empty it, keeping its bind-group
+    /// cache.
+    pub fn flush(&mut self, ctx: &GpuContext) {
+        self.submit(ctx);
+        self.dispatches.clear();
     }
 
     /// Create the timestamp machinery for this recorder: `None` when the adapter has no
@@ -280,6 +293,6 @@ impl<'a> View<'a> {
 }
 
 pub use super::matvec::{
-    Store, XForm, get_rows, matvec, matvec_expert, matvec_expert_with, matvec_group, matvec_with,
-    prepare_x,
+    Store, XForm, can_moe_combine, get_rows, matvec, matvec_expert, matvec_expert_with,
+    matvec_group, matvec_with, prepare_x,
 };

@@ -98,6 +98,20 @@ pub enum Store<'a> {
         h: usize,
         hc: usize,
     },
+    /// The shared expert's down projection finishing the MoE block (`moe.wgsl`'s
+    /// `moe_combine_hc`, the same arithmetic): for token i,
+    /// `m[r] = Σ_slot weights[i*k + slot] * routed[(i*k + slot)*h + r] + sigmoid(logit[i]) * y[r]`
+    /// (slots in order), then `wide[i][s*h + r] += 2 sigmoid(inject[i*hc + s] / hc) * m[r]`.
+    MoeCombine {
+        wide: &'a GpuBuf,
+        inject: &'a GpuBuf,
+        routed: &'a GpuBuf,
+        weights: &'a GpuBuf,
+        logit: &'a GpuBuf,
+        h: usize,
+        hc: usize,
+        k: usize,
+    },
     /// `wide[i][s*h + r] += 2 sigmoid(inject[i*hc + s] / hc) * y[r]` for every stream s.
     Combine {
         wide: &'a GpuBuf,
@@ -377,6 +391,40 @@ pub fn matvec_with(
                     // One subgroup per value i (its hc gate rows).
                     ("matvec_mix", hc, h)
                 }
+                Store::MoeCombine {
+                    wide,
+                    inject,
+                    routed,
+                    weights,
+                    logit,
+                    h,
+                    hc,
+                    k,
+                } => {
+                    if w.n_rows != h {
+                        return Err(GpuError::BadArgs(format!(
+                            "matvec {}: {} rows cannot finish an MoE block of width {h}",
+                            w.name, w.n_rows
+                        )));
+                    }
+                    need_floats(wide, items * h * hc, "combine residual")?;
+                    need_floats(inject, items * hc, "combine injection")?;
+                    need_floats(routed, items * k * h, "routed expert outputs")?;
+                    need_floats(weights, items * k, "routing weights")?;
+                    need_floats(logit, items, "shared expert gate")?;
+                    params.h = to_u32(h, "h")?;
+                    params.hc = to_u32(hc, "hc")?;
+                    params.slots = to_u32(k, "slots")?;
+                    b.extend([
+                        (2, &*wide.buffer),
+                        (8, &*inject.buffer),
+                        (10, &*routed.buffer),
+                        (11, &*weights.buffer),
+                        (12, &*logit.buffer),
+                    ]);
+                    let per_sg = rows_for_tile(w, w.n_rows, tile);
+                    ("matvec_moe_combine", per_sg, part.n_rows.div_ceil(per_sg))
+                }
                 Store::Combine {
                     wide,
                     inject,
@@ -415,6 +463,21 @@ pub fn matvec_with(
         }
     }
     Ok(())
+}
+
+/// Whether `w`'s mat-vec can finish an MoE block in its store ([`Store::MoeCombine`]): it binds
+/// five buffers more than a plain mat-vec, which must fit the adapter's storage buffers per stage.
+pub fn can_moe_combine(ctx: &GpuContext, w: &GpuWeight) -> bool {
+    let Some(part) = w.parts.first() else {
+        return false;
+    };
+    let grid = match ctx.grid_buffer(w.ty) {
+        Ok(g) => g,
+        Err(_) => return false,
+    };
+    // The weight's own bindings, x, and the five of the store.
+    let needed = bindings(w, part, &grid).len() + 1 + 5;
+    needed <= ctx.adapter.max_storage_buffers_per_shader_stage as usize
 }
 
 fn need_floats(b: &GpuBuf, n: usize, what: &str) -> Result<(), GpuError> {

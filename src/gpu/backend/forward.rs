@@ -2,19 +2,29 @@
 
 use super::*;
 
+/// Dispatches recorded before a streaming forward hands them to the GPU: the first submission
+/// comes after a few layers, so the host's recording of the rest overlaps the GPU's work.
+const STREAM_DISPATCHES: usize = 64;
+
 impl GpuSequence {
     /// Record the forward pass of `t` tokens at positions pos0.. (ids and PLE rows already
     /// uploaded). Logits land in `scratch.logits`: all rows, or only the last token's in row 0.
+    /// With `stream`, the dispatches are submitted every [`STREAM_DISPATCHES`] or so, so the GPU
+    /// runs the first layers while the host records the rest; `rec` then holds the remainder.
     pub(super) fn record(
         &self,
         rec: &mut Recorder,
         t: usize,
         pos0: usize,
         all_logits: bool,
+        stream: bool,
     ) -> Result<usize, EngineError> {
         self.record_embedding(rec, t).map_err(gpu_err)?;
         for layer in 0..self.layers.len() {
             self.record_layer(rec, layer, t, pos0)?;
+            if stream && rec.len() >= STREAM_DISPATCHES {
+                rec.flush(&self.backend.ctx);
+            }
         }
         self.record_head(rec, t, all_logits).map_err(gpu_err)
     }
@@ -189,7 +199,8 @@ impl GpuSequence {
         let v = b.config.vocab_size;
         let recorded = match checked_rows {
             Some(rows) => Ok(rows),
-            None => self.record(&mut rec, t, pos0, all_logits && !greedy),
+            // A profile needs every dispatch in one pass (its timestamps share a query set).
+            None => self.record(&mut rec, t, pos0, all_logits && !greedy, !self.profile),
         }
         .and_then(|rows| {
             if greedy {

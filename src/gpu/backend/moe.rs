@@ -130,7 +130,9 @@ impl GpuSequence {
     }
 
     /// Shared expert, and the weighted combine of the routed and shared outputs added into the
-    /// wide residual.
+    /// wide residual: in the store of the shared down projection when the adapter binds enough
+    /// buffers (one dispatch fewer per layer), else by `moe_combine_hc`; the same arithmetic, so
+    /// the same bits.
     pub(super) fn moe_finish(
         &self,
         rec: &mut Recorder,
@@ -149,9 +151,22 @@ impl GpuSequence {
                 let sf = sh.down.row_len;
                 let gu = View::new(&s.shared_gu, 0, 2 * sf);
                 sh.gate_up.record(c, rec, x, &[gu], t)?;
-                let y = Store::Rows(View::new(&s.shared_down, 0, h));
                 let swiglu =
                     kernels::prepare_x(c, rec, &sh.down, gu, XForm::Swiglu { half: sf }, t)?;
+                if kernels::can_moe_combine(c, &sh.down) {
+                    let store = Store::MoeCombine {
+                        wide: &s.wide,
+                        inject: &s.inject,
+                        routed: &s.expert_down,
+                        weights: &s.expert_weights,
+                        logit: &s.shared_logit,
+                        h,
+                        hc: cfg.hc_count,
+                        k,
+                    };
+                    return kernels::matvec_with(c, rec, &sh.down, gu, swiglu, store, t);
+                }
+                let y = Store::Rows(View::new(&s.shared_down, 0, h));
                 kernels::matvec_with(c, rec, &sh.down, gu, swiglu, y, t)?;
                 Some((&s.shared_down, &s.shared_logit))
             }

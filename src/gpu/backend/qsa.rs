@@ -45,7 +45,8 @@ impl GpuSequence {
             group_stride: 2 * hd,
             token_stride: qg,
         };
-        ops::rmsnorm_inplace(
+        // Per-head q and k norms with their rotations, one dispatch each.
+        ops::rmsnorm_rope(
             c,
             rec,
             &self.norm_spec(Some((&w.q_norm, hd))),
@@ -53,22 +54,12 @@ impl GpuSequence {
             q_heads,
             t,
             &b.dummy,
-        )?;
-        ops::rope(
-            c,
-            rec,
-            &s.query_gate,
             &b.rope_table,
-            t,
-            a.n_head,
-            2 * hd,
-            qg,
-            0,
             half,
             pos0,
             1,
         )?;
-        ops::rmsnorm_inplace(
+        ops::rmsnorm_rope(
             c,
             rec,
             &self.norm_spec(Some((&w.k_norm, hd))),
@@ -79,17 +70,7 @@ impl GpuSequence {
             },
             t,
             &b.dummy,
-        )?;
-        ops::rope(
-            c,
-            rec,
-            keys,
             &b.rope_table,
-            t,
-            a.n_head_kv,
-            hd,
-            kv,
-            pos0 * kv,
             half,
             pos0,
             1,
@@ -138,7 +119,7 @@ impl GpuSequence {
                     group_stride: idim,
                     token_stride: idim,
                 };
-                ops::rmsnorm_inplace(
+                ops::rmsnorm_rope(
                     c,
                     rec,
                     &self.norm_spec(Some((&ix.k_norm, idim))),
@@ -146,23 +127,13 @@ impl GpuSequence {
                     rows,
                     count,
                     &b.dummy,
-                )?;
-                ops::rope(
-                    c,
-                    rec,
-                    block_keys,
                     &b.rope_table,
-                    count,
-                    1,
-                    idim,
-                    idim,
-                    first * idim,
                     half,
                     first * ratio,
                     ratio,
                 )?;
             }
-            ops::rmsnorm_inplace(
+            ops::rmsnorm_rope(
                 c,
                 rec,
                 &self.norm_spec(Some((&ix.q_norm, idim))),
@@ -170,17 +141,7 @@ impl GpuSequence {
                 Groups::packed(idim, nih),
                 t,
                 &b.dummy,
-            )?;
-            ops::rope(
-                c,
-                rec,
-                &s.index_query,
                 &b.rope_table,
-                t,
-                nih,
-                idim,
-                nih * idim,
-                0,
                 half,
                 pos0,
                 1,

@@ -1,0 +1,171 @@
+//! The MoE block finished in the store of the shared expert's down projection
+//! (`Store::MoeCombine`) against the separate form (`Store::Rows` into a buffer, then
+//! `ops::moe_combine_hc`): the residual must come out with the same bits, for block and split
+//! layouts, widths that are not multiples of the row groups, token counts that fill tiles and
+//! leave remainders, SwiGLU inputs, and a weight split over several parts. `.ci/run` repeats this
+//! file at subgroup sizes 4, 8 and 16.
+
+mod common;
+
+use common::gpu_context as context;
+
+use strata::gguf::types::GgmlType;
+use strata::gpu::GpuContext;
+use strata::gpu::buffers::{GpuBuf, GpuWeight};
+use strata::gpu::kernels::{self, Recorder, Store, View, XForm};
+use strata::gpu::ops;
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+fn random_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| ((xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        .collect()
+}
+
+struct Case {
+    ty: GgmlType,
+    /// Output width h (rows of the shared down projection).
+    h: usize,
+    /// Shared expert width (columns; the SwiGLU input holds twice as many).
+    ff: usize,
+    tokens: usize,
+    /// Largest weight part, to split the rows over several parts.
+    part_rows: Option<usize>,
+}
+
+fn run_case(ctx: &GpuContext, case: &Case) {
+    let Case {
+        ty,
+        h,
+        ff,
+        tokens,
+        part_rows,
+    } = *case;
+    let (k, hc) = (3usize, 4usize);
+    let blocks = strata::quant::random_blocks(ty, h * ff / ty.block_size(), 17 + h as u64);
+    let row_bytes = ff / ty.block_size() * ty.type_size();
+    let w = GpuWeight::upload_with_limit(
+        ctx,
+        "shared down",
+        ty,
+        ff,
+        h,
+        1,
+        &blocks,
+        part_rows.map(|r| r * row_bytes),
+    )
+    .expect("upload");
+    if part_rows.is_some() {
+        assert!(w.parts.len() > 1, "{ty:?}: rows in several parts");
+    }
+    assert!(
+        kernels::can_moe_combine(ctx, &w),
+        "lavapipe binds enough buffers"
+    );
+    let gu = GpuBuf::from_f32(ctx, "gate|up", &random_vec(tokens * 2 * ff, 3)).expect("gu");
+    let routed = GpuBuf::from_f32(ctx, "routed", &random_vec(tokens * k * h, 4)).expect("r");
+    let weights = GpuBuf::from_f32(ctx, "weights", &random_vec(tokens * k, 5)).expect("w");
+    let logit = GpuBuf::from_f32(ctx, "logit", &random_vec(tokens, 6)).expect("l");
+    let inject = GpuBuf::from_f32(ctx, "inject", &random_vec(tokens * hc, 7)).expect("i");
+    let residual = random_vec(tokens * hc * h, 8);
+    let x = View::new(&gu, 0, 2 * ff);
+
+    // Separate: the shared down rows into a buffer, then the combine kernel.
+    let wide_a = GpuBuf::from_f32(ctx, "wide a", &residual).expect("wide");
+    let shared = GpuBuf::zeros(ctx, "shared", tokens * h).expect("shared");
+    let mut rec = Recorder::new();
+    let swiglu = kernels::prepare_x(ctx, &mut rec, &w, x, XForm::Swiglu { half: ff }, tokens)
+        .expect("prepare");
+    let rows = Store::Rows(View::new(&shared, 0, h));
+    kernels::matvec_with(ctx, &mut rec, &w, x, swiglu, rows, tokens).expect("rows");
+    ops::moe_combine_hc(
+        ctx,
+        &mut rec,
+        &routed,
+        &weights,
+        Some((&shared, &logit)),
+        &wide_a,
+        &inject,
+        h,
+        hc,
+        k,
+        tokens,
+    )
+    .expect("combine");
+    rec.run(ctx).expect("separate run");
+
+    // Fused: the same rows finishing the block in their store. A fresh SwiGLU input, since
+    // prepare_x may transform it in place.
+    let gu_b = GpuBuf::from_f32(ctx, "gate|up b", &random_vec(tokens * 2 * ff, 3)).expect("gu");
+    let xb = View::new(&gu_b, 0, 2 * ff);
+    let wide_b = GpuBuf::from_f32(ctx, "wide b", &residual).expect("wide");
+    let mut rec = Recorder::new();
+    let swiglu = kernels::prepare_x(ctx, &mut rec, &w, xb, XForm::Swiglu { half: ff }, tokens)
+        .expect("prepare");
+    let store = Store::MoeCombine {
+        wide: &wide_b,
+        inject: &inject,
+        routed: &routed,
+        weights: &weights,
+        logit: &logit,
+        h,
+        hc,
+        k,
+    };
+    kernels::matvec_with(ctx, &mut rec, &w, xb, swiglu, store, tokens).expect("fused");
+    rec.run(ctx).expect("fused run");
+
+    let a = wide_a.read_f32(ctx, 0, tokens * hc * h).expect("a");
+    let b = wide_b.read_f32(ctx, 0, tokens * hc * h).expect("b");
+    let changed = a
+        .iter()
+        .zip(&residual)
+        .filter(|(x, r)| x.to_bits() != r.to_bits())
+        .count();
+    assert!(
+        changed > a.len() / 2,
+        "{ty:?}: the combine changed the residual"
+    );
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "{ty:?} h {h} ff {ff} tokens {tokens}: residual value {i}: separate {x}, fused {y}"
+        );
+    }
+}
+
+#[test]
+fn fused_moe_combine_matches_the_separate_kernels_bit_for_bit() {
+    let Some(ctx) = context() else { return };
+    let cases = [
+        // Decode (one token) and prefill tiles with a remainder, split layouts.
+        (GgmlType::Q8_0, 40, 64, 1, None),
+        (GgmlType::Q8_0, 37, 96, 7, None),
+        (GgmlType::Q6_K, 33, 256, 5, Some(8)),
+        (GgmlType::IQ4_NL, 19, 64, 9, None),
+        (GgmlType::IQ3_S, 24, 256, 4, None),
+        // Block layout and float rows of any length.
+        (GgmlType::Q4_K, 21, 256, 6, None),
+        (GgmlType::F32, 17, 24, 3, Some(5)),
+    ];
+    for (ty, h, ff, tokens, part_rows) in cases {
+        run_case(
+            &ctx,
+            &Case {
+                ty,
+                h,
+                ff,
+                tokens,
+                part_rows,
+            },
+        );
+    }
+}
