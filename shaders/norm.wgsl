@@ -86,6 +86,24 @@ fn sum_sq_x(src: u32, l: u32) -> f32 {
     return acc;
 }
 
+// sum_sq_x over Y (the in-place entry points), the same order.
+fn sum_sq_y(base: u32, l: u32) -> f32 {
+    var acc = 0.0;
+    var i = l;
+    for (; i + 3u * WG < p.n; i += 4u * WG) {
+        let a = Y[base + i];
+        let b = Y[base + i + WG];
+        let c = Y[base + i + 2u * WG];
+        let d = Y[base + i + 3u * WG];
+        acc = fma(d, d, fma(c, c, fma(b, b, fma(a, a, acc))));
+    }
+    for (; i < p.n; i += WG) {
+        let v = Y[base + i];
+        acc = fma(v, v, acc);
+    }
+    return acc;
+}
+
 fn weight(g: u32, i: u32) -> f32 {
     if (p.w_period == 0u) {
         return 1.0;
@@ -125,20 +143,7 @@ fn rmsnorm_inplace(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let g = wg.x;
     let t = wg.y;
     let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
-    var acc = 0.0;
-    var j = lid.x;
-    for (; j + 3u * WG < p.n; j += 4u * WG) {
-        let a = Y[base + j];
-        let b = Y[base + j + WG];
-        let c = Y[base + j + 2u * WG];
-        let d = Y[base + j + 3u * WG];
-        acc = fma(d, d, fma(c, c, fma(b, b, fma(a, a, acc))));
-    }
-    for (; j < p.n; j += WG) {
-        let v = Y[base + j];
-        acc = fma(v, v, acc);
-    }
-    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
+    let inv = inv_norm(block_sum(sum_sq_y(base, lid.x), Lane(sg_lane, sg_id, n_sg)));
     for (var i = lid.x; i < p.n; i += WG) {
         Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
     }
@@ -171,20 +176,7 @@ fn rmsnorm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let g = wg.x;
     let t = wg.y;
     let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
-    var acc = 0.0;
-    var j = lid.x;
-    for (; j + 3u * WG < p.n; j += 4u * WG) {
-        let a = Y[base + j];
-        let b = Y[base + j + WG];
-        let c = Y[base + j + 2u * WG];
-        let d = Y[base + j + 3u * WG];
-        acc = fma(d, d, fma(c, c, fma(b, b, fma(a, a, acc))));
-    }
-    for (; j < p.n; j += WG) {
-        let v = Y[base + j];
-        acc = fma(v, v, acc);
-    }
-    let inv = inv_norm(block_sum(acc, Lane(sg_lane, sg_id, n_sg)));
+    let inv = inv_norm(block_sum(sum_sq_y(base, lid.x), Lane(sg_lane, sg_id, n_sg)));
     let pos = p.pos0 + t * p.pos_step;
     for (var i = lid.x; i < p.half; i += WG) {
         let a = Y[base + i] * inv * weight(g, i) * p.scale;
