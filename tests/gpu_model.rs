@@ -133,6 +133,10 @@ fn fork_continues_bit_identically() {
     seq.feed(&ids[..split], false).expect("prefix");
     let mut fork = seq.fork().expect("GPU sequences can fork");
     assert_eq!(fork.tokens(), &ids[..split]);
+    // The prompt cache's budget counts what a fork holds: as much VRAM as the original, and at
+    // least the key and value caches of the whole context.
+    assert_eq!(fork.state_bytes(), seq.state_bytes());
+    assert!(seq.state_bytes() > 2 * backend.info().context_length * 4);
     let from_original = seq.feed(&ids[split..], true).expect("original continues");
     let from_fork = fork.feed(&ids[split..], true).expect("fork continues");
     let expected = &whole[split * vocab..];

@@ -54,6 +54,7 @@ fn run(
         parallel,
         queue: 64,
         cache_entries: 0,
+        ..SchedulerConfig::default()
     };
     let stats = Arc::new(SchedulerStats::default());
     let scheduler = Scheduler::start(backend.clone(), config, stats).expect("scheduler");
@@ -184,6 +185,7 @@ fn interleaved_conversations_keep_their_cached_prefixes_and_reuse_is_exact() {
             parallel: 2,
             queue: 8,
             cache_entries: entries,
+            ..SchedulerConfig::default()
         };
         Scheduler::start(backend.clone(), config, Arc::new(SchedulerStats::default()))
             .expect("scheduler")

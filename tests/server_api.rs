@@ -278,6 +278,27 @@ async fn next_chat_turn_reuses_the_conversation_from_the_prompt_cache() {
     );
 }
 
+/// `/metrics` reports what the prompt cache holds; a zero byte budget turns the cache off.
+#[tokio::test]
+async fn prompt_cache_is_bounded_by_bytes_and_reported() {
+    let server = TestServer::start(hash_backend(), ServerConfig::default()).await;
+    let body = json!({"messages": user("hello there"), "max_tokens": 6, "seed": 1});
+    server.post("/v1/chat/completions", &body).await;
+    assert!(server.metric("strata_prompt_cache_entries").await >= 1.0);
+    assert!(server.metric("strata_prompt_cache_bytes").await > 0.0);
+
+    let off = ServerConfig {
+        prompt_cache_bytes: 0,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start(hash_backend(), off).await;
+    server.post("/v1/chat/completions", &body).await;
+    let (_, again) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(server.metric("strata_prompt_cache_entries").await, 0.0);
+    assert_eq!(server.metric("strata_prompt_cache_bytes").await, 0.0);
+}
+
 #[tokio::test]
 async fn seed_is_drawn_and_reported_when_absent() {
     let server = TestServer::start(hash_backend(), ServerConfig::default()).await;

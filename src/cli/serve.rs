@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use crate::cli::load::{ModelArgs, load_backend_with, open_gguf};
 use crate::server::webui::{WebUi, serve_app};
 use crate::server::{AppState, DEFAULT_PARALLEL, DEFAULT_QUEUE, LoadedModel, ServerConfig};
+use crate::tiers::parse_size;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -36,6 +37,12 @@ pub struct Args {
     /// the same as if it ran alone).
     #[arg(long, default_value_t = DEFAULT_PARALLEL as u16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub parallel: u16,
+    /// Memory the prompt cache may hold, e.g. 4GiB, 512MiB (0 turns it off). Cached
+    /// conversations are whole sequence states (VRAM on the GPU: KV cache, recurrent state and
+    /// chunk buffers), least recently used evicted first; `strata inspect --plan` does not count
+    /// them.
+    #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_size)]
+    pub prompt_cache_size: u64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -58,6 +65,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         api_key: args.api_key.clone(),
         queue_capacity: args.queue,
         parallel: usize::from(args.parallel),
+        prompt_cache_bytes: usize::try_from(args.prompt_cache_size).unwrap_or(usize::MAX),
     });
     match &args.model.model {
         Some(path) => eprintln!("strata: loading {} …", path.display()),

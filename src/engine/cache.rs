@@ -3,7 +3,8 @@
 //! with one entry's tokens continues from a fork of it instead of recomputing them.
 //!
 //! Several entries are kept (least recently used evicted first), so concurrent conversations do
-//! not evict each other's prefixes. Recurrent (GDN) state cannot be rewound, so only exact-prefix
+//! not evict each other's prefixes. Entries are bounded by count and by the bytes their sequences
+//! hold (`Sequence::state_bytes`: VRAM on the GPU, host RAM on the CPU). Recurrent (GDN) state cannot be rewound, so only exact-prefix
 //! extension is reusable; by the backend contract (logits depend only on the tokens, never on how
 //! they were split into `feed` calls) reuse gives bit-identical results to starting afresh.
 
@@ -11,11 +12,15 @@ use super::Sequence;
 
 /// Entries kept by default per concurrent sequence (checkpoint, prompt end, generation end).
 pub const ENTRIES_PER_SLOT: usize = 3;
+/// Bytes the cached sequences may hold together by default (`strata serve --prompt-cache-size`).
+pub const DEFAULT_CACHE_BYTES: usize = 4 << 30;
 
 struct Entry {
     sequence: Box<dyn Sequence>,
     last_logits: Vec<f32>,
     last_used: u64,
+    /// The sequence's state bytes and its logits.
+    bytes: usize,
 }
 
 /// A cached sequence handed to a request: the state and the logits of its last token.
@@ -27,21 +32,29 @@ pub struct CacheHit {
 pub struct PromptCache {
     entries: Vec<Entry>,
     capacity: usize,
+    byte_budget: usize,
     clock: u64,
 }
 
 impl PromptCache {
-    /// A cache of at most `capacity` entries (0 turns caching off).
-    pub fn new(capacity: usize) -> PromptCache {
+    /// A cache of at most `capacity` entries holding at most `byte_budget` bytes together (either
+    /// 0 turns caching off).
+    pub fn new(capacity: usize, byte_budget: usize) -> PromptCache {
         PromptCache {
             entries: Vec::new(),
             capacity,
+            byte_budget,
             clock: 0,
         }
     }
 
     pub fn enabled(&self) -> bool {
-        self.capacity > 0
+        self.capacity > 0 && self.byte_budget > 0
+    }
+
+    /// Bytes the entries hold together (at most the budget).
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.bytes).sum()
     }
 
     pub fn len(&self) -> usize {
@@ -92,9 +105,14 @@ impl PromptCache {
     }
 
     /// Keep `sequence` (replacing an entry with the same tokens), evicting the least recently
-    /// used entries beyond the capacity.
+    /// used entries beyond the capacity or the byte budget. A sequence larger than the whole
+    /// budget is not kept.
     pub fn insert(&mut self, sequence: Box<dyn Sequence>, last_logits: Vec<f32>) {
         if !self.enabled() || sequence.tokens().is_empty() {
+            return;
+        }
+        let bytes = sequence.state_bytes() + last_logits.len() * 4;
+        if bytes > self.byte_budget {
             return;
         }
         self.entries
@@ -104,8 +122,9 @@ impl PromptCache {
             sequence,
             last_logits,
             last_used,
+            bytes,
         });
-        while self.entries.len() > self.capacity {
+        while self.entries.len() > self.capacity || self.bytes() > self.byte_budget {
             let oldest = self
                 .entries
                 .iter()
@@ -121,9 +140,10 @@ impl PromptCache {
         }
     }
 
-    /// Keep a fork of `sequence` (backends that cannot fork keep nothing).
+    /// Keep a fork of `sequence` (backends that cannot fork keep nothing, and nothing is forked
+    /// for a sequence larger than the whole budget).
     pub fn insert_fork(&mut self, sequence: &dyn Sequence, last_logits: &[f32]) {
-        if !self.enabled() {
+        if !self.enabled() || sequence.state_bytes() + last_logits.len() * 4 > self.byte_budget {
             return;
         }
         if let Some(fork) = sequence.fork() {
@@ -140,5 +160,79 @@ impl PromptCache {
             .collect();
         lengths.sort_unstable_by(|a, b| b.cmp(a));
         lengths
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineError;
+
+    /// A sequence of given tokens holding `bytes` of state.
+    struct Held {
+        tokens: Vec<u32>,
+        bytes: usize,
+    }
+
+    impl Sequence for Held {
+        fn tokens(&self) -> &[u32] {
+            &self.tokens
+        }
+        fn feed(&mut self, tokens: &[u32], _all: bool) -> Result<Vec<f32>, EngineError> {
+            self.tokens.extend_from_slice(tokens);
+            Ok(vec![0.0])
+        }
+        fn fork(&self) -> Option<Box<dyn Sequence>> {
+            Some(Box::new(Held {
+                tokens: self.tokens.clone(),
+                bytes: self.bytes,
+            }))
+        }
+        fn state_bytes(&self) -> usize {
+            self.bytes
+        }
+    }
+
+    fn held(tokens: &[u32], bytes: usize) -> Box<dyn Sequence> {
+        Box::new(Held {
+            tokens: tokens.to_vec(),
+            bytes,
+        })
+    }
+
+    #[test]
+    fn byte_budget_evicts_least_recently_used() {
+        // Room for two entries of 400 bytes (+ 4 bytes of logits each), not three.
+        let mut cache = PromptCache::new(10, 1000);
+        cache.insert(held(&[1], 400), vec![0.0]);
+        cache.insert(held(&[2], 400), vec![0.0]);
+        // Using [1] makes [2] the least recently used.
+        assert!(cache.take_longest_prefix(&[1, 5]).is_some());
+        cache.insert(held(&[3], 400), vec![0.0]);
+        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.bytes(), 808);
+        assert!(
+            cache.take_longest_prefix(&[2, 5]).is_none(),
+            "[2] was evicted"
+        );
+        assert!(cache.take_longest_prefix(&[1, 5]).is_some());
+        assert!(cache.take_longest_prefix(&[3, 5]).is_some());
+    }
+
+    #[test]
+    fn oversized_sequences_are_not_kept_and_zero_turns_the_cache_off() {
+        let mut cache = PromptCache::new(10, 1000);
+        cache.insert(held(&[1], 300), vec![0.0]);
+        cache.insert(held(&[2], 2000), vec![0.0]);
+        cache.insert_fork(&*held(&[3], 2000), &[0.0]);
+        assert_eq!(cache.entry_lengths(), vec![1]);
+        assert!(
+            cache.take_longest_prefix(&[1]).is_some(),
+            "the small entry stays"
+        );
+        let mut off = PromptCache::new(10, 0);
+        assert!(!off.enabled());
+        off.insert(held(&[1], 1), vec![0.0]);
+        assert!(off.is_empty());
     }
 }

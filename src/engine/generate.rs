@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::cache::{ENTRIES_PER_SLOT, PromptCache};
+use super::cache::{DEFAULT_CACHE_BYTES, ENTRIES_PER_SLOT, PromptCache};
 use super::generation::{Generation, GenerationOptions, Next, check_fits};
 use super::{Backend, EngineError};
 use crate::sampler::logprobs::TokenLogprobs;
@@ -150,13 +150,16 @@ impl Generator {
     pub fn new(backend: Arc<dyn Backend>) -> Generator {
         Generator {
             backend,
-            cache: PromptCache::new(ENTRIES_PER_SLOT),
+            cache: PromptCache::new(ENTRIES_PER_SLOT, DEFAULT_CACHE_BYTES),
         }
     }
 
     /// Turn the prompt cache off (every request starts from position 0).
     pub fn with_prompt_cache(mut self, enabled: bool) -> Generator {
-        self.cache = PromptCache::new(if enabled { ENTRIES_PER_SLOT } else { 0 });
+        self.cache = PromptCache::new(
+            if enabled { ENTRIES_PER_SLOT } else { 0 },
+            DEFAULT_CACHE_BYTES,
+        );
         self
     }
 

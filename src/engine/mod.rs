@@ -71,4 +71,7 @@ pub trait Sequence: Send {
     fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError>;
     /// A deep copy of the state (used by the prompt cache). Backends that cannot copy return None.
     fn fork(&self) -> Option<Box<dyn Sequence>>;
+    /// Bytes of memory this sequence holds (VRAM for a GPU sequence, host RAM for a CPU one):
+    /// what keeping it in the prompt cache costs.
+    fn state_bytes(&self) -> usize;
 }

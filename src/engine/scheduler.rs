@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use super::Backend;
-use super::cache::{ENTRIES_PER_SLOT, PromptCache};
+use super::cache::{DEFAULT_CACHE_BYTES, ENTRIES_PER_SLOT, PromptCache};
 use super::generate::{GenEvent, GenOutput, GenerateError, GenerateRequest, TokenDecoder};
 use super::generation::{Generation, GenerationOptions, Next};
 
@@ -30,6 +30,8 @@ pub struct SchedulerConfig {
     pub queue: usize,
     /// Prompt-cache entries (0 turns the cache off).
     pub cache_entries: usize,
+    /// Bytes the prompt-cache entries may hold together (0 turns the cache off).
+    pub cache_bytes: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -38,6 +40,7 @@ impl Default for SchedulerConfig {
             parallel: DEFAULT_PARALLEL,
             queue: DEFAULT_QUEUE,
             cache_entries: ENTRIES_PER_SLOT * DEFAULT_PARALLEL,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -55,6 +58,9 @@ pub struct SchedulerStats {
     pub prefill_done: AtomicUsize,
     /// Rounds run (one step of every active generation each).
     pub rounds: AtomicUsize,
+    /// Prompt-cache entries and the bytes their sequences hold.
+    pub cache_entries: AtomicUsize,
+    pub cache_bytes: AtomicUsize,
 }
 
 pub type EventSink = Box<dyn FnMut(GenEvent) + Send>;
@@ -103,7 +109,7 @@ impl Scheduler {
         let mut engine = EngineLoop {
             backend,
             parallel: config.parallel.max(1),
-            cache: PromptCache::new(config.cache_entries),
+            cache: PromptCache::new(config.cache_entries, config.cache_bytes),
             stats: stats.clone(),
             queue: VecDeque::new(),
             active: Vec::new(),
@@ -287,6 +293,12 @@ impl EngineLoop {
             .filter(|(done, total)| done < total)
             .fold((0, 0), |(d, r), (done, total)| (d + done, r + total - done));
         self.stats.prefill_done.store(done, Ordering::Relaxed);
+        self.stats
+            .cache_entries
+            .store(self.cache.len(), Ordering::Relaxed);
+        self.stats
+            .cache_bytes
+            .store(self.cache.bytes(), Ordering::Relaxed);
         self.stats
             .prefill_remaining
             .store(remaining, Ordering::Relaxed);

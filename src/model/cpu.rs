@@ -319,4 +319,8 @@ impl Sequence for CpuSequence {
             poisoned: false,
         }))
     }
+
+    fn state_bytes(&self) -> usize {
+        self.state.bytes()
+    }
 }

@@ -48,6 +48,22 @@ pub struct SequenceState {
 }
 
 impl SequenceState {
+    /// Bytes held: tokens, every layer's state and the PLE history (what a fork copies).
+    pub fn bytes(&self) -> usize {
+        let floats: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Gdn(g) => g.conv.len() + g.ssm.len(),
+                LayerState::Qsa(q) => {
+                    q.keys.len() + q.values.len() + q.raw_index_keys.len() + q.block_keys.len()
+                }
+            })
+            .sum();
+        let ple = self.ple.as_ref().map_or(0, |p| p.history.len());
+        (self.tokens.len() + floats + ple) * 4
+    }
+
     pub fn new(cfg: &Config) -> SequenceState {
         let d = &cfg.gdn;
         let layers = cfg

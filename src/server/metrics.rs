@@ -129,6 +129,18 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "strata_prompt_cache_entries",
+            "Sequences kept in the prompt cache.",
+            load(&scheduler.cache_entries),
+        );
+        gauge(
+            &mut out,
+            "strata_prompt_cache_bytes",
+            "Memory held by the prompt cache's sequences (VRAM on the GPU).",
+            load(&scheduler.cache_bytes),
+        );
+        gauge(
+            &mut out,
             "strata_prefill_tokens_remaining",
             "Prompt tokens still to process by the running requests.",
             load(&scheduler.prefill_remaining),

@@ -55,6 +55,8 @@ pub struct ServerConfig {
     pub queue_capacity: usize,
     /// Requests generating concurrently (interleaved step by step).
     pub parallel: usize,
+    /// Bytes the prompt cache's sequences may hold together (0 turns the cache off).
+    pub prompt_cache_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +65,7 @@ impl Default for ServerConfig {
             api_key: None,
             queue_capacity: DEFAULT_QUEUE,
             parallel: DEFAULT_PARALLEL,
+            prompt_cache_bytes: crate::engine::cache::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -184,6 +187,7 @@ impl AppState {
             parallel: config.parallel.max(1),
             queue: config.queue_capacity,
             cache_entries: crate::engine::cache::ENTRIES_PER_SLOT * config.parallel.max(1),
+            cache_bytes: config.prompt_cache_bytes,
         };
         let stats = self.metrics().scheduler.clone();
         match Scheduler::start(model.backend.clone(), scheduler_config, stats) {

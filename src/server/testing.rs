@@ -152,4 +152,8 @@ impl Sequence for FakeSequence {
             tokens: self.tokens.clone(),
         }))
     }
+
+    fn state_bytes(&self) -> usize {
+        self.tokens.len() * 4
+    }
 }

@@ -354,6 +354,8 @@ pub struct GpuSequence {
     tokens: Vec<u32>,
     layers: Vec<LayerState>,
     scratch: Scratch,
+    /// VRAM of `layers` and `scratch`, counted at allocation.
+    state_bytes: usize,
     poisoned: bool,
     /// Collect per-dispatch GPU timestamps on the next feed (see [`GpuSequence::take_timings`]).
     profile: bool,

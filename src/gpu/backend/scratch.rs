@@ -15,18 +15,23 @@ impl GpuSequence {
         let g = &cfg.gdn;
         let a = &cfg.attention;
         let m = &cfg.moe;
+        // Floats this sequence allocates (its state and its chunk buffers), for `state_bytes`.
+        let floats = std::cell::Cell::new(0usize);
+        let zeros = |label: &str, n: usize| {
+            floats.set(floats.get() + n);
+            GpuBuf::zeros(c, label, n)
+        };
         let mut layers = Vec::new();
         let mut max_blocks = 1;
         let mut budget = 1;
         for l in &b.layers {
             layers.push(match &l.mixer {
                 MixerGpu::Gdn(_) => LayerState::Gdn {
-                    conv: GpuBuf::zeros(
-                        c,
+                    conv: zeros(
                         "gdn conv history",
                         (g.conv_kernel.max(2) - 1) * g.conv_channels(),
                     )?,
-                    ssm: GpuBuf::zeros(c, "gdn state", g.n_v_heads * g.head_k_dim * g.head_v_dim)?,
+                    ssm: zeros("gdn state", g.n_v_heads * g.head_k_dim * g.head_v_dim)?,
                 },
                 MixerGpu::Qsa(q) => {
                     let kv = a.n_head_kv * a.head_dim;
@@ -39,10 +44,10 @@ impl GpuSequence {
                         budget = budget.max(a.indexer_budget_tokens / ix.ratio);
                     }
                     LayerState::Qsa {
-                        keys: GpuBuf::zeros(c, "key cache", ctx_len * kv)?,
-                        values: GpuBuf::zeros(c, "value cache", ctx_len * kv)?,
-                        raw_index_keys: GpuBuf::zeros(c, "indexer key cache", ctx_len * idim)?,
-                        block_keys: GpuBuf::zeros(c, "block keys", (ctx_len / ratio + 1) * idim)?,
+                        keys: zeros("key cache", ctx_len * kv)?,
+                        values: zeros("value cache", ctx_len * kv)?,
+                        raw_index_keys: zeros("indexer key cache", ctx_len * idim)?,
+                        block_keys: zeros("block keys", (ctx_len / ratio + 1) * idim)?,
                     }
                 }
             });
@@ -51,7 +56,7 @@ impl GpuSequence {
         let ple_hist = cfg.ple.as_ref().map_or(1, |p| p.conv_history().max(1));
         let qg = a.n_head * 2 * a.head_dim;
         let k = m.n_expert_used;
-        let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
+        let z = |label: &str, n: usize| zeros(label, n.max(1));
         let scratch = Scratch {
             ids: z("ids", t)?,
             wide: z("wide", t * wide)?,
@@ -96,11 +101,13 @@ impl GpuSequence {
             logits: z("logits", t.min(LOGIT_ROWS) * cfg.vocab_size)?,
             greedy: z("greedy", 2)?,
         };
+        let state_bytes = floats.get() * 4;
         Ok(Self {
             backend,
             tokens: Vec::new(),
             layers,
             scratch,
+            state_bytes,
             poisoned: false,
             profile: false,
             timings: Vec::new(),

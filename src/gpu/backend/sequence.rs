@@ -143,6 +143,10 @@ impl Sequence for GpuSequence {
         Ok(out)
     }
 
+    fn state_bytes(&self) -> usize {
+        self.state_bytes + self.tokens.len() * 4
+    }
+
     fn fork(&self) -> Option<Box<dyn Sequence>> {
         if self.poisoned {
             return None;
