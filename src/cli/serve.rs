@@ -38,9 +38,9 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_PARALLEL as u16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub parallel: u16,
     /// Memory the prompt cache may hold, e.g. 4GiB, 512MiB (0 turns it off). Cached
-    /// conversations are whole sequence states (VRAM on the GPU: KV cache, recurrent state and
-    /// chunk buffers), least recently used evicted first; `strata inspect --plan` does not count
-    /// them.
+    /// conversations are whole sequence states (VRAM on the GPU: a KV cache for the whole context
+    /// and the recurrent state), least recently used evicted first; `strata inspect --plan` does
+    /// not count them.
     #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = parse_size)]
     pub prompt_cache_size: u64,
 }

@@ -186,6 +186,9 @@ impl GpuSequence {
         self.tokens.extend_from_slice(chunk);
         let b = Arc::clone(&self.backend);
         let c = &*b.ctx;
+        // The chunk buffers are shared: nothing of another sequence's feed may run until this
+        // one's results are read back (the readback below waits for the GPU).
+        let _feeding = scratch::lock(&b.feed_lock);
         self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
         self.upload_ple_rows(pos0, t)?;
         // Diagnostic mode runs the forward stage by stage (the recorder below then only adds the

@@ -430,6 +430,8 @@ impl GpuBackend {
             info,
             max_chunk,
             check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
+            scratch: std::sync::Mutex::new(None),
+            feed_lock: std::sync::Mutex::new(()),
             weight_bytes,
             tier,
             plan,

@@ -167,6 +167,11 @@ pub struct GpuBackend {
     /// Checked PLE row gathers from the file (`None` for a model held in memory, whose table is
     /// read and checked by the weight view instead).
     ple_reader: Option<PleRowReader>,
+    /// The chunk buffers every sequence shares (see `shared_scratch`), made on first use.
+    scratch: std::sync::Mutex<Option<Arc<Scratch>>>,
+    /// Held by a sequence's feed from its first dispatch to its readback: the shared chunk
+    /// buffers serve one feed at a time.
+    feed_lock: std::sync::Mutex<()>,
     _gguf: Arc<Gguf>,
 }
 
@@ -224,14 +229,18 @@ impl GpuBackend {
         self.check_stages = on;
     }
 
-    /// Tokens per chunk (activation buffers are allocated per sequence for this many).
-    /// Tokens per GPU prefill chunk.
+    /// Tokens per GPU prefill chunk (the shared chunk buffers are sized for this many).
     pub fn max_chunk(&self) -> usize {
         self.max_chunk
     }
 
+    /// Set the chunk size; chunk buffers made for another size are dropped (remade on use).
     pub fn set_max_chunk(&mut self, n: usize) {
         self.max_chunk = n.max(1);
+        *self
+            .scratch
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     }
 
     /// Bytes of weights read to decode one token: everything except the unused experts and the
@@ -344,7 +353,6 @@ struct Scratch {
     ple_query_normed: GpuBuf,
     ple_gated: GpuBuf,
     ple_conv_in: GpuBuf,
-    ple_history: GpuBuf,
     logits: GpuBuf,
     greedy: GpuBuf,
 }
@@ -353,8 +361,11 @@ pub struct GpuSequence {
     backend: Arc<GpuBackend>,
     tokens: Vec<u32>,
     layers: Vec<LayerState>,
-    scratch: Scratch,
-    /// VRAM of `layers` and `scratch`, counted at allocation.
+    /// The PLE conv history (its ring of normalised rows).
+    ple_history: GpuBuf,
+    /// The backend's chunk buffers, shared with its other sequences.
+    scratch: Arc<Scratch>,
+    /// VRAM of this sequence's own buffers (`layers`, `ple_history`), counted at allocation.
     state_bytes: usize,
     poisoned: bool,
     /// Collect per-dispatch GPU timestamps on the next feed (see [`GpuSequence::take_timings`]).

@@ -91,7 +91,7 @@ impl GpuSequence {
             &s.ple_conv_in,
             &s.ple_gated,
             &w.conv,
-            &s.ple_history,
+            &self.ple_history,
             &s.wide,
             t,
             pos0,

@@ -1,29 +1,24 @@
-//! Per-sequence state and the activation buffers of one chunk.
+//! Per-sequence state, and the activation buffers of one chunk (shared by a backend's sequences).
 
 use super::*;
 
 impl GpuSequence {
+    /// A fresh sequence: its own state (every layer's recurrent state or KV cache, the PLE
+    /// history), and the backend's chunk buffers, which every sequence shares.
     pub(super) fn new(backend: Arc<GpuBackend>) -> Result<Self, GpuError> {
         let b = &backend;
         let c = &*b.ctx;
         let cfg = &b.config;
-        let t = b.max_chunk;
-        let h = cfg.n_embd;
-        let hc = cfg.hc_count;
-        let wide = h * hc;
         let ctx_len = b.info.context_length;
         let g = &cfg.gdn;
         let a = &cfg.attention;
-        let m = &cfg.moe;
-        // Floats this sequence allocates (its state and its chunk buffers), for `state_bytes`.
+        // Floats this sequence allocates, for `state_bytes`.
         let floats = std::cell::Cell::new(0usize);
         let zeros = |label: &str, n: usize| {
             floats.set(floats.get() + n);
             GpuBuf::zeros(c, label, n)
         };
         let mut layers = Vec::new();
-        let mut max_blocks = 1;
-        let mut budget = 1;
         for l in &b.layers {
             layers.push(match &l.mixer {
                 MixerGpu::Gdn(_) => LayerState::Gdn {
@@ -39,10 +34,6 @@ impl GpuSequence {
                         Some(ix) => (ix.ratio, a.indexer_head_dim),
                         None => (1, 1),
                     };
-                    if let Some(ix) = &q.indexer {
-                        max_blocks = max_blocks.max(ctx_len / ix.ratio + 1);
-                        budget = budget.max(a.indexer_budget_tokens / ix.ratio);
-                    }
                     LayerState::Qsa {
                         keys: zeros("key cache", ctx_len * kv)?,
                         values: zeros("value cache", ctx_len * kv)?,
@@ -52,12 +43,76 @@ impl GpuSequence {
                 }
             });
         }
-        let ple_dim = cfg.ple.as_ref().map_or(32, |p| p.embed_dim());
         let ple_hist = cfg.ple.as_ref().map_or(1, |p| p.conv_history().max(1));
+        let ple_history = zeros("ple history", ple_hist * cfg.n_embd * cfg.hc_count)?;
+        let state_bytes = floats.get() * 4;
+        let scratch = b.shared_scratch()?;
+        Ok(Self {
+            backend,
+            tokens: Vec::new(),
+            layers,
+            ple_history,
+            scratch,
+            state_bytes,
+            poisoned: false,
+            profile: false,
+            timings: Vec::new(),
+            bind_groups: BindGroupCache::new(),
+        })
+    }
+}
+
+impl GpuBackend {
+    /// The chunk buffers every sequence of this backend shares, made on first use. Sequences feed
+    /// one at a time (`feed_lock`), so one set serves them all, and a cached or idle sequence
+    /// holds only its own state.
+    pub(super) fn shared_scratch(&self) -> Result<Arc<Scratch>, GpuError> {
+        let mut slot = lock(&self.scratch);
+        if let Some(s) = &*slot {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(Scratch::new(self)?);
+        *slot = Some(Arc::clone(&s));
+        Ok(s)
+    }
+}
+
+/// A poisoned lock still guards plain buffers: take it anyway.
+pub(super) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+impl Scratch {
+    fn new(b: &GpuBackend) -> Result<Self, GpuError> {
+        let c = &*b.ctx;
+        let cfg = &b.config;
+        let t = b.max_chunk;
+        let h = cfg.n_embd;
+        let hc = cfg.hc_count;
+        let wide = h * hc;
+        let ctx_len = b.info.context_length;
+        let g = &cfg.gdn;
+        let a = &cfg.attention;
+        let m = &cfg.moe;
+        let mut max_blocks = 1;
+        let mut budget = 1;
+        for l in &b.layers {
+            if let MixerGpu::Qsa(QsaGpu {
+                indexer: Some(ix), ..
+            }) = &l.mixer
+            {
+                max_blocks = max_blocks.max(ctx_len / ix.ratio + 1);
+                budget = budget.max(a.indexer_budget_tokens / ix.ratio);
+            }
+        }
+        let ple_dim = cfg.ple.as_ref().map_or(32, |p| p.embed_dim());
         let qg = a.n_head * 2 * a.head_dim;
         let k = m.n_expert_used;
-        let z = |label: &str, n: usize| zeros(label, n.max(1));
-        let scratch = Scratch {
+        let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
+        Ok(Scratch {
             ids: z("ids", t)?,
             wide: z("wide", t * wide)?,
             normed: z("normed", t * wide)?,
@@ -97,21 +152,8 @@ impl GpuSequence {
             ple_query_normed: z("ple query normed", t * wide)?,
             ple_gated: z("ple gated", t * wide)?,
             ple_conv_in: z("ple conv in", t * wide)?,
-            ple_history: z("ple history", ple_hist * wide)?,
             logits: z("logits", t.min(LOGIT_ROWS) * cfg.vocab_size)?,
             greedy: z("greedy", 2)?,
-        };
-        let state_bytes = floats.get() * 4;
-        Ok(Self {
-            backend,
-            tokens: Vec::new(),
-            layers,
-            scratch,
-            state_bytes,
-            poisoned: false,
-            profile: false,
-            timings: Vec::new(),
-            bind_groups: BindGroupCache::new(),
         })
     }
 }

@@ -91,7 +91,7 @@ impl GpuSequence {
                 _ => return Err(GpuError::BadArgs("layer state kinds differ".into())),
             }
         }
-        pairs.push((&self.scratch.ple_history, &copy.scratch.ple_history));
+        pairs.push((&self.ple_history, &copy.ple_history));
         for (src, dst) in pairs {
             encoder.copy_buffer_to_buffer(
                 &src.buffer,
