@@ -401,23 +401,12 @@ pub fn matvec_with(
                     hc,
                     k,
                 } => {
-                    if w.n_rows != h {
-                        return Err(GpuError::BadArgs(format!(
-                            "matvec {}: {} rows cannot finish an MoE block of width {h}",
-                            w.name, w.n_rows
-                        )));
-                    }
-                    need_floats(wide, items * h * hc, "combine residual")?;
-                    need_floats(inject, items * hc, "combine injection")?;
+                    residual_store(w, &mut params, &mut b, wide, inject, h, hc, items)?;
                     need_floats(routed, items * k * h, "routed expert outputs")?;
                     need_floats(weights, items * k, "routing weights")?;
                     need_floats(logit, items, "shared expert gate")?;
-                    params.h = to_u32(h, "h")?;
-                    params.hc = to_u32(hc, "hc")?;
                     params.slots = to_u32(k, "slots")?;
                     b.extend([
-                        (2, &*wide.buffer),
-                        (8, &*inject.buffer),
                         (10, &*routed.buffer),
                         (11, &*weights.buffer),
                         (12, &*logit.buffer),
@@ -431,18 +420,7 @@ pub fn matvec_with(
                     h,
                     hc,
                 } => {
-                    if w.n_rows != h {
-                        return Err(GpuError::BadArgs(format!(
-                            "matvec {}: {} rows cannot be combined into streams of {h}",
-                            w.name, w.n_rows
-                        )));
-                    }
-                    need_floats(wide, items * h * hc, "combine residual")?;
-                    need_floats(inject, items * hc, "combine injection")?;
-                    params.h = to_u32(h, "h")?;
-                    params.hc = to_u32(hc, "hc")?;
-                    b.push((2, &*wide.buffer));
-                    b.push((8, &*inject.buffer));
+                    residual_store(w, &mut params, &mut b, wide, inject, h, hc, items)?;
                     let per_sg = rows_for_tile(w, w.n_rows, tile);
                     ("matvec_combine", per_sg, part.n_rows.div_ceil(per_sg))
                 }
@@ -462,6 +440,34 @@ pub fn matvec_with(
             )?;
         }
     }
+    Ok(())
+}
+
+/// The part both residual stores share: `w`'s rows are one stream's width `h`, the wide residual
+/// (binding 2) holds `hc` streams per vector and the injection logits (binding 8) `hc` per vector.
+#[allow(clippy::too_many_arguments)]
+fn residual_store<'a>(
+    w: &GpuWeight,
+    params: &mut MatvecParams,
+    b: &mut Vec<(u32, &'a wgpu::Buffer)>,
+    wide: &'a GpuBuf,
+    inject: &'a GpuBuf,
+    h: usize,
+    hc: usize,
+    items: usize,
+) -> Result<(), GpuError> {
+    if w.n_rows != h {
+        return Err(GpuError::BadArgs(format!(
+            "matvec {}: {} rows cannot be combined into streams of {h}",
+            w.name, w.n_rows
+        )));
+    }
+    need_floats(wide, items * h * hc, "combine residual")?;
+    need_floats(inject, items * hc, "combine injection")?;
+    params.h = to_u32(h, "h")?;
+    params.hc = to_u32(hc, "hc")?;
+    b.push((2, &*wide.buffer));
+    b.push((8, &*inject.buffer));
     Ok(())
 }
 

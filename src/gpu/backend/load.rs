@@ -292,14 +292,18 @@ impl GpuBackend {
             };
             let m = &lw.moe;
             let shared = match &m.shared {
-                Some(s) => Some(SharedGpu {
-                    gate_up: MultiProj::upload(
-                        c,
-                        s.gate.name(),
-                        &[&[Src::from(&s.gate), Src::from(&s.up)]],
-                    )?,
-                    down: upload(c, &s.down)?,
-                }),
+                Some(s) => {
+                    let down = upload(c, &s.down)?;
+                    Some(SharedGpu {
+                        gate_up: MultiProj::upload(
+                            c,
+                            s.gate.name(),
+                            &[&[Src::from(&s.gate), Src::from(&s.up)]],
+                        )?,
+                        combine_in_store: kernels::can_moe_combine(c, &down),
+                        down,
+                    })
+                }
                 None => None,
             };
             let experts = if tiered {

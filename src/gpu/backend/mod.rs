@@ -95,6 +95,9 @@ struct SharedGpu {
     /// Gate then up rows, into one vector per token that the down projection reads as SwiGLU.
     gate_up: MultiProj,
     down: GpuWeight,
+    /// The down projection finishes the MoE block in its store (`Store::MoeCombine`): the
+    /// adapter binds enough buffers for it (decided at load).
+    combine_in_store: bool,
 }
 
 /// The expert tensors one MoE dispatch sequence reads: the resident fused gate-up tensor, or the

@@ -153,7 +153,7 @@ impl GpuSequence {
                 sh.gate_up.record(c, rec, x, &[gu], t)?;
                 let swiglu =
                     kernels::prepare_x(c, rec, &sh.down, gu, XForm::Swiglu { half: sf }, t)?;
-                if kernels::can_moe_combine(c, &sh.down) {
+                if sh.combine_in_store {
                     let store = Store::MoeCombine {
                         wide: &s.wide,
                         inject: &s.inject,
