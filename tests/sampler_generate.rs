@@ -8,6 +8,7 @@ use strata::engine::generate::{
     FinishReason, GenEvent, GenOutput, GenerateError, GenerateRequest, Generator, PREFILL_CHUNK,
     TokenDecoder,
 };
+use strata::engine::generation::CHECKPOINT_EVERY;
 use strata::sampler::SamplingParams;
 use strata::server::testing::{FakeBackend, FakeOptions};
 
@@ -248,5 +249,29 @@ fn checkpoint_lets_a_later_prompt_reuse_the_shared_part() {
     let second = run(&mut cached, &request(second_prompt.clone(), 6, 2)).unwrap();
     assert_eq!(second.usage.cached_tokens, conversation.len());
     let reference = run(&mut fresh, &request(second_prompt, 6, 2)).unwrap();
+    assert_eq!(second.tokens, reference.tokens);
+}
+
+/// A long prompt leaves prompt-cache entries every `CHECKPOINT_EVERY` tokens: a later prompt
+/// that edits it after the second such point resumes there, with the same tokens as a fresh run.
+#[test]
+fn long_prompts_leave_periodic_checkpoints() {
+    let n = 2 * CHECKPOINT_EVERY + 300;
+    let backend = Arc::new(FakeBackend::new(512, n + 64, FakeOptions::default()));
+    let mut cached = Generator::new(backend.clone());
+    let mut fresh = Generator::new(Arc::new(FakeBackend::new(
+        512,
+        n + 64,
+        FakeOptions::default(),
+    )))
+    .with_prompt_cache(false);
+    let prompt: Vec<u32> = (0..n).map(|i| (i * 13 % 500) as u32).collect();
+    run(&mut cached, &request(prompt.clone(), 2, 1)).unwrap();
+    // Edited 100 tokens after the second periodic checkpoint.
+    let mut edited = prompt.clone();
+    edited[2 * CHECKPOINT_EVERY + 100] = 501;
+    let second = run(&mut cached, &request(edited.clone(), 4, 2)).unwrap();
+    assert_eq!(second.usage.cached_tokens, 2 * CHECKPOINT_EVERY);
+    let reference = run(&mut fresh, &request(edited, 4, 2)).unwrap();
     assert_eq!(second.tokens, reference.tokens);
 }

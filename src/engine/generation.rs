@@ -70,6 +70,11 @@ pub struct Generation<D: TokenDecoder> {
     announced: bool,
 }
 
+/// Prompt positions (multiples of this) where a long prompt also leaves a prompt-cache entry,
+/// so a conversation that edits an earlier turn resumes from the last such point before the edit
+/// rather than from zero. Entries are bounded by the cache's count and byte budget like any other.
+pub const CHECKPOINT_EVERY: usize = 4096;
+
 impl<D: TokenDecoder> Generation<D> {
     /// Validate the request and take its starting state from the prompt cache or a fresh sequence.
     pub fn start(
@@ -177,7 +182,9 @@ impl<D: TokenDecoder> Generation<D> {
             return Ok(());
         }
         self.fed += self.pending.len();
-        if self.checkpoint == Some(self.fed)
+        let periodic =
+            self.fed.is_multiple_of(CHECKPOINT_EVERY) && self.fed < self.request.prompt.len();
+        if (self.checkpoint == Some(self.fed) || periodic)
             && let Some(sequence) = self.sequence.as_deref()
         {
             cache.insert_fork(sequence, &self.logits);
@@ -193,10 +200,14 @@ impl<D: TokenDecoder> Generation<D> {
         }
     }
 
-    /// The next prompt chunk: up to [`PREFILL_CHUNK`] tokens, cut at the checkpoint.
+    /// The next prompt chunk: up to [`PREFILL_CHUNK`] tokens, cut at the checkpoint and at the
+    /// next multiple of [`CHECKPOINT_EVERY`] (chunk boundaries never change a result).
     fn plan_prefill_chunk(&mut self) {
         let prompt = &self.request.prompt;
-        let mut end = (self.fed + PREFILL_CHUNK).min(prompt.len());
+        let next_periodic = (self.fed / CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY;
+        let mut end = (self.fed + PREFILL_CHUNK)
+            .min(prompt.len())
+            .min(next_periodic);
         if let Some(c) = self.checkpoint
             && self.fed < c
             && c < end
