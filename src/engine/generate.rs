@@ -16,8 +16,9 @@ use super::{Backend, EngineError};
 use crate::sampler::logprobs::TokenLogprobs;
 use crate::sampler::{SamplerError, SamplingParams};
 
-/// Prompt tokens fed per `Sequence::feed` call: large enough to keep a GPU busy, small enough for
-/// progress reports and cancellation to stay responsive.
+/// Prompt tokens fed per `Sequence::feed` call on the CPU (a GPU backend asks for its own prefill
+/// chunk, `ModelInfo::prefill_chunk`): small enough for progress reports and cancellation to stay
+/// responsive. Prompts longer than this get progress events.
 pub const PREFILL_CHUNK: usize = 256;
 
 /// Turns token ids into text incrementally (implemented by the tokenizer's stream decoder).

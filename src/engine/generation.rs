@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use super::cache::PromptCache;
 use super::generate::{
-    FinishReason, GenEvent, GenOutput, GenerateError, GenerateRequest, PREFILL_CHUNK,
-    StopStringFilter, TokenDecoder, Usage,
+    FinishReason, GenEvent, GenOutput, GenerateError, GenerateRequest, StopStringFilter,
+    TokenDecoder, Usage,
 };
 use super::{Backend, EngineError, FeedItem, Sequence};
 use crate::sampler::Sampler;
@@ -59,6 +59,8 @@ pub struct Generation<D: TokenDecoder> {
     cached_tokens: usize,
     /// A prompt-cache checkpoint strictly inside the part still to feed.
     checkpoint: Option<usize>,
+    /// Prompt tokens per feed (the backend's prefill chunk).
+    prefill_chunk: usize,
     /// Tokens of the forward pass in flight.
     pending: Vec<u32>,
     tokens: Vec<u32>,
@@ -110,6 +112,7 @@ impl<D: TokenDecoder> Generation<D> {
             fed: cached_tokens,
             cached_tokens,
             checkpoint,
+            prefill_chunk: backend.info().prefill_chunk.max(1),
             pending: Vec::new(),
             tokens: Vec::new(),
             token_logprobs: Vec::new(),
@@ -200,12 +203,12 @@ impl<D: TokenDecoder> Generation<D> {
         }
     }
 
-    /// The next prompt chunk: up to [`PREFILL_CHUNK`] tokens, cut at the checkpoint and at the
+    /// The next prompt chunk: up to the backend's prefill chunk, cut at the checkpoint and at the
     /// next multiple of [`CHECKPOINT_EVERY`] (chunk boundaries never change a result).
     fn plan_prefill_chunk(&mut self) {
         let prompt = &self.request.prompt;
         let next_periodic = (self.fed / CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY;
-        let mut end = (self.fed + PREFILL_CHUNK)
+        let mut end = (self.fed + self.prefill_chunk)
             .min(prompt.len())
             .min(next_periodic);
         if let Some(c) = self.checkpoint

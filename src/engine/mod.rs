@@ -38,6 +38,9 @@ pub struct ModelInfo {
     pub context_length: usize,
     /// "cpu" or "gpu (<adapter name>)".
     pub backend: String,
+    /// Prompt tokens per feed the backend runs best with (the GPU's prefill chunk); generation
+    /// feeds prompts in pieces of this size. Results never depend on it.
+    pub prefill_chunk: usize,
 }
 
 pub trait Backend: Send + Sync {

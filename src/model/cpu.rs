@@ -60,6 +60,7 @@ impl CpuBackend {
             vocab_size: config.vocab_size,
             context_length,
             backend: "cpu".to_string(),
+            prefill_chunk: crate::engine::generate::PREFILL_CHUNK,
         };
         Ok(CpuBackend {
             config,

@@ -41,6 +41,7 @@ impl FakeBackend {
                 vocab_size,
                 context_length,
                 backend: "fake".into(),
+                prefill_chunk: crate::engine::generate::PREFILL_CHUNK,
             },
             options,
             feeds: Arc::new(AtomicUsize::new(0)),

@@ -420,6 +420,7 @@ impl GpuBackend {
             vocab_size: config.vocab_size,
             context_length,
             backend: format!("gpu ({})", ctx.adapter.name),
+            prefill_chunk: max_chunk,
         };
         Ok(GpuBackend {
             ctx,

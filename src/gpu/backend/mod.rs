@@ -240,6 +240,7 @@ impl GpuBackend {
     /// Set the chunk size; chunk buffers made for another size are dropped (remade on use).
     pub fn set_max_chunk(&mut self, n: usize) {
         self.max_chunk = n.max(1);
+        self.info.prefill_chunk = self.max_chunk;
         *self
             .scratch
             .get_mut()
