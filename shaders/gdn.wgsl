@@ -70,13 +70,32 @@ fn gdn_conv(@builtin(global_invocation_id) id: vec3<u32>) {
 
 const MAX_DK: u32 = 128u;
 // A quad of 4 subgroup lanes owns one value column of one head; lane g of the quad holds the
-// state entries i = g + KEY_GROUPS * j (KEY_PER_THREAD of them) in registers. The key-dimension
-// dot products are per-lane partial sums in key order, then `quad_sum`: two xor shuffles, no
-// barrier (a workgroup barrier per sum, 20 per token, was the old form's cost).
+// state entries of keys 32g .. 32g + 32 in eight vec4 registers (named fields: an indexed array
+// would live in slow local memory). A key-dimension dot product is the lane's vec4 partial sums in
+// key order, (x + y) + (z + w), then `quad_sum`: two xor shuffles, no barrier.
 const KEY_GROUPS: u32 = 4u;
-const KEY_PER_THREAD: u32 = MAX_DK / KEY_GROUPS;
 const REC_WG: u32 = 64u;
 const COLS_PER_WG: u32 = REC_WG / KEY_GROUPS;
+// Tokens staged per batch: the workgroup loads a batch's q and k (L2-normalised once per token by
+// one quad each), v, beta and decay into workgroup memory, then walks its tokens from there.
+const BATCH: u32 = 8u;
+
+// Normalised q (even slots) and k (odd slots) of the batch's tokens, MAX_DK values each.
+var<workgroup> QK: array<vec4<f32>, 512>; // 2 * BATCH * MAX_DK / 4
+var<workgroup> VB: array<f32, 128>;       // BATCH * COLS_PER_WG values
+var<workgroup> BETA: array<f32, 8>;
+var<workgroup> DECAY: array<f32, 8>;
+
+struct K32 {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    v4: vec4<f32>,
+    v5: vec4<f32>,
+    v6: vec4<f32>,
+    v7: vec4<f32>,
+}
 
 fn softplus(v: f32) -> f32 {
     if (v > 20.0) {
@@ -87,90 +106,197 @@ fn softplus(v: f32) -> f32 {
 
 // The quad's sum, (v0 + v1) + (v2 + v3) on every lane of the quad: the same bits on each (a sum
 // of two values does not depend on their order), whatever the token count or subgroup size.
-fn quad_sum(v: vec2<f32>) -> vec2<f32> {
+fn quad_sum(v: f32) -> f32 {
     let a = v + subgroupShuffleXor(v, 1u);
     return a + subgroupShuffleXor(a, 2u);
 }
 
+fn hsum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// a . b over the lane's 32 keys, in key order.
+fn dot32(a: K32, b: K32) -> f32 {
+    var acc = a.v0 * b.v0;
+    acc = fma(a.v1, b.v1, acc);
+    acc = fma(a.v2, b.v2, acc);
+    acc = fma(a.v3, b.v3, acc);
+    acc = fma(a.v4, b.v4, acc);
+    acc = fma(a.v5, b.v5, acc);
+    acc = fma(a.v6, b.v6, acc);
+    acc = fma(a.v7, b.v7, acc);
+    return hsum(acc);
+}
+
+fn scale32(a: K32, f: f32) -> K32 {
+    return K32(a.v0 * f, a.v1 * f, a.v2 * f, a.v3 * f, a.v4 * f, a.v5 * f, a.v6 * f, a.v7 * f);
+}
+
+// a + b * f.
+fn axpy32(a: K32, b: K32, f: f32) -> K32 {
+    return K32(fma(b.v0, vec4(f), a.v0), fma(b.v1, vec4(f), a.v1), fma(b.v2, vec4(f), a.v2),
+               fma(b.v3, vec4(f), a.v3), fma(b.v4, vec4(f), a.v4), fma(b.v5, vec4(f), a.v5),
+               fma(b.v6, vec4(f), a.v6), fma(b.v7, vec4(f), a.v7));
+}
+
+fn shared32(at: u32) -> K32 {
+    return K32(QK[at], QK[at + 1u], QK[at + 2u], QK[at + 3u], QK[at + 4u], QK[at + 5u],
+               QK[at + 6u], QK[at + 7u]);
+}
+
+fn store_shared32(at: u32, a: K32) {
+    QK[at] = a.v0;
+    QK[at + 1u] = a.v1;
+    QK[at + 2u] = a.v2;
+    QK[at + 3u] = a.v3;
+    QK[at + 4u] = a.v4;
+    QK[at + 5u] = a.v5;
+    QK[at + 6u] = a.v6;
+    QK[at + 7u] = a.v7;
+}
+
+// Four values of QKV from `at`, the keys at or past `n` read as 0.
+fn qkv4(at: u32, key: u32, n: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (key < n) {
+        v.x = QKV[at];
+    }
+    if (key + 1u < n) {
+        v.y = QKV[at + 1u];
+    }
+    if (key + 2u < n) {
+        v.z = QKV[at + 2u];
+    }
+    if (key + 3u < n) {
+        v.w = QKV[at + 3u];
+    }
+    return v;
+}
+
+// Keys first .. first + 32 of a q or k vector starting at QKV[at] (keys past dk read as 0).
+fn load_keys(at: u32, first: u32) -> K32 {
+    let n = p.dk;
+    return K32(qkv4(at + first, first, n), qkv4(at + first + 4u, first + 4u, n),
+               qkv4(at + first + 8u, first + 8u, n), qkv4(at + first + 12u, first + 12u, n),
+               qkv4(at + first + 16u, first + 16u, n), qkv4(at + first + 20u, first + 20u, n),
+               qkv4(at + first + 24u, first + 24u, n), qkv4(at + first + 28u, first + 28u, n));
+}
+
+// State entry (key, col) of the head at `base`, 0 outside the head.
+fn state_at(base: u32, key: u32, col: u32, valid: bool) -> f32 {
+    if (valid && key < p.dk) {
+        return S[base + key * p.dv + col];
+    }
+    return 0.0;
+}
+
+fn state4(base: u32, key: u32, col: u32, valid: bool) -> vec4<f32> {
+    return vec4<f32>(state_at(base, key, col, valid), state_at(base, key + 1u, col, valid),
+                     state_at(base, key + 2u, col, valid), state_at(base, key + 3u, col, valid));
+}
+
+fn put_state4(base: u32, key: u32, col: u32, valid: bool, v: vec4<f32>) {
+    if (!valid) {
+        return;
+    }
+    if (key < p.dk) {
+        S[base + key * p.dv + col] = v.x;
+    }
+    if (key + 1u < p.dk) {
+        S[base + (key + 1u) * p.dv + col] = v.y;
+    }
+    if (key + 2u < p.dk) {
+        S[base + (key + 2u) * p.dv + col] = v.z;
+    }
+    if (key + 3u < p.dk) {
+        S[base + (key + 3u) * p.dv + col] = v.w;
+    }
+}
+
+// Stage tokens t0 .. t0 + n: quad v (< 2n) normalises vector v (q of token v / 2 when v is even,
+// k when odd) and writes its MAX_DK values; v, beta and decay of the workgroup's columns and head.
+fn stage(t0: u32, n: u32, tid: u32, g: u32, head: u32, col_base: u32) {
+    let vq = tid / KEY_GROUPS;
+    let tok = vq / 2u;
+    let is_k = vq % 2u;
+    var keys = K32(vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0),
+                   vec4(0.0));
+    let kh = head % p.n_k_heads; // GGUF (tiled) value-head order
+    if (tok < n) {
+        let at = (t0 + tok) * p.channels + is_k * p.key_dim + kh * p.dk;
+        keys = load_keys(at, 32u * g);
+    }
+    // L2 norms (model-spec 2.6, eps inside the sqrt), q also scaled by 1/sqrt(dk).
+    let sum_sq = quad_sum(dot32(keys, keys));
+    var inv = 1.0 / sqrt(sum_sq + 1e-6);
+    if (is_k == 0u) {
+        inv = inv * (1.0 / sqrt(f32(p.dk)));
+    }
+    store_shared32(vq * (MAX_DK / 4u) + 8u * g, scale32(keys, inv));
+    let nv = p.n_v_heads;
+    for (var i = tid; i < BATCH * COLS_PER_WG; i += REC_WG) {
+        let t = i / COLS_PER_WG;
+        let col = col_base + i % COLS_PER_WG;
+        var v = 0.0;
+        if (t < n && col < p.dv) {
+            v = QKV[(t0 + t) * p.channels + 2u * p.key_dim + head * p.dv + col];
+        }
+        VB[i] = v;
+    }
+    if (tid < n) {
+        let t = t0 + tid;
+        BETA[tid] = 1.0 / (1.0 + exp(-BA[t * 2u * nv + head]));
+        DECAY[tid] = exp(GP[nv + head] * softplus(BA[t * 2u * nv + nv + head] + GP[head]));
+    }
+}
+
 // Workgroup (column block, value head) of REC_WG invocations; the quads are formed from subgroup
-// lanes (any subgroup size from 4 up). Per token: L2 norms of k and q, the decayed state's
-// prediction, the delta update and the output, tokens walked in order.
+// lanes (any subgroup size from 4 up). Tokens are walked in order, BATCH at a time: the decayed
+// state's prediction, the delta update and the output. The head size must be at most MAX_DK.
 @compute @workgroup_size(REC_WG)
 fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>,
                   @builtin(subgroup_id) sg_id: u32,
                   @builtin(subgroup_size) sg_size: u32,
                   @builtin(subgroup_invocation_id) lane: u32) {
     let g = lane % KEY_GROUPS;
-    let quad = (sg_id * sg_size + lane) / KEY_GROUPS;
+    let tid = sg_id * sg_size + lane;
+    let quad = tid / KEY_GROUPS;
     let head = wg.y;
-    let col = wg.x * COLS_PER_WG + quad;
-    // No early return: every lane takes part in the shuffles.
-    let column_valid = quad < COLS_PER_WG && col < p.dv && head < p.n_v_heads;
-    let kh = head % p.n_k_heads; // GGUF (tiled) value-head order
+    let col_base = wg.x * COLS_PER_WG;
+    let col = col_base + quad;
+    // No early return: every lane takes part in the shuffles and barriers.
+    let valid = quad < COLS_PER_WG && col < p.dv && head < p.n_v_heads;
     let base = head * p.dk * p.dv;
-    var s: array<f32, KEY_PER_THREAD>;
-    for (var j = 0u; j < KEY_PER_THREAD; j++) {
-        let i = g + KEY_GROUPS * j;
-        if (column_valid && i < p.dk) {
-            s[j] = S[base + i * p.dv + col];
-        } else {
-            s[j] = 0.0;
-        }
-    }
-    let nv = p.n_v_heads;
-    for (var t = 0u; t < p.tokens; t++) {
-        let row = t * p.channels;
-        let q0 = row + kh * p.dk;
-        let k0 = row + p.key_dim + kh * p.dk;
-        var v = 0.0;
-        var beta = 0.0;
-        var decay = 0.0;
-        if (column_valid) {
-            v = QKV[row + 2u * p.key_dim + head * p.dv + col];
-            beta = 1.0 / (1.0 + exp(-BA[t * 2u * nv + head]));
-            decay = exp(GP[nv + head] * softplus(BA[t * 2u * nv + nv + head] + GP[head]));
-        }
-        var kv: array<f32, KEY_PER_THREAD>;
-        var qv: array<f32, KEY_PER_THREAD>;
-        var kk = 0.0;
-        var qq = 0.0;
-        for (var j = 0u; j < KEY_PER_THREAD; j++) {
-            let i = g + KEY_GROUPS * j;
-            kv[j] = 0.0;
-            qv[j] = 0.0;
-            if (column_valid && i < p.dk) {
-                kv[j] = QKV[k0 + i];
-                qv[j] = QKV[q0 + i];
+    let k0 = 32u * g;
+    var s = K32(state4(base, k0, col, valid), state4(base, k0 + 4u, col, valid),
+                state4(base, k0 + 8u, col, valid), state4(base, k0 + 12u, col, valid),
+                state4(base, k0 + 16u, col, valid), state4(base, k0 + 20u, col, valid),
+                state4(base, k0 + 24u, col, valid), state4(base, k0 + 28u, col, valid));
+    let out_stride = p.n_v_heads * p.dv;
+    for (var t0 = 0u; t0 < p.tokens; t0 += BATCH) {
+        let n = min(BATCH, p.tokens - t0);
+        workgroupBarrier();
+        stage(t0, n, tid, g, head, col_base);
+        workgroupBarrier();
+        for (var t = 0u; t < n; t++) {
+            let q = shared32((2u * t) * (MAX_DK / 4u) + 8u * g);
+            let k = shared32((2u * t + 1u) * (MAX_DK / 4u) + 8u * g);
+            s = scale32(s, DECAY[t]);
+            let predicted = quad_sum(dot32(s, k));
+            let delta = (VB[t * COLS_PER_WG + quad % COLS_PER_WG] - predicted) * BETA[t];
+            s = axpy32(s, k, delta);
+            let total = quad_sum(dot32(s, q));
+            if (valid && g == 0u) {
+                O[(t0 + t) * out_stride + head * p.dv + col] = total;
             }
-            kk = fma(kv[j], kv[j], kk);
-            qq = fma(qv[j], qv[j], qq);
-        }
-        // L2 norms of k and q (model-spec 2.6, eps inside the sqrt), q also scaled by 1/sqrt(dk).
-        let norms = quad_sum(vec2<f32>(kk, qq));
-        let k_inv = 1.0 / sqrt(norms.x + 1e-6);
-        let q_inv = 1.0 / sqrt(norms.y + 1e-6) * (1.0 / sqrt(f32(p.dk)));
-        var predicted = 0.0;
-        for (var j = 0u; j < KEY_PER_THREAD; j++) {
-            kv[j] = kv[j] * k_inv;
-            qv[j] = qv[j] * q_inv;
-            s[j] *= decay;
-            predicted += s[j] * kv[j];
-        }
-        let delta = (v - quad_sum(vec2<f32>(predicted, 0.0)).x) * beta;
-        var out = 0.0;
-        for (var j = 0u; j < KEY_PER_THREAD; j++) {
-            s[j] += kv[j] * delta;
-            out += s[j] * qv[j];
-        }
-        let total = quad_sum(vec2<f32>(out, 0.0)).x;
-        if (column_valid && g == 0u) {
-            O[t * nv * p.dv + head * p.dv + col] = total;
         }
     }
-    for (var j = 0u; j < KEY_PER_THREAD; j++) {
-        let i = g + KEY_GROUPS * j;
-        if (column_valid && i < p.dk) {
-            S[base + i * p.dv + col] = s[j];
-        }
-    }
+    put_state4(base, k0, col, valid, s.v0);
+    put_state4(base, k0 + 4u, col, valid, s.v1);
+    put_state4(base, k0 + 8u, col, valid, s.v2);
+    put_state4(base, k0 + 12u, col, valid, s.v3);
+    put_state4(base, k0 + 16u, col, valid, s.v4);
+    put_state4(base, k0 + 20u, col, valid, s.v5);
+    put_state4(base, k0 + 24u, col, valid, s.v6);
+    put_state4(base, k0 + 28u, col, valid, s.v7);
 }

@@ -648,11 +648,18 @@ fn router_matches_cpu_with_ties() {
 
 /// The router with more experts than its workgroup has invocations (each invocation owns several,
 /// ties spread over invocations) against `model::ops::{softmax, top_k}`, and token invariance:
-/// 5 tokens in one dispatch give the same bits as 5 one-token dispatches.
+/// 5 tokens in one dispatch give the same bits as 5 one-token dispatches. 200 experts fit the
+/// kernel's workgroup cache of probabilities; 2,100 do not (the values then stay in the buffer).
 #[test]
 fn router_many_experts_is_exact_and_token_invariant() {
     let Some(ctx) = context() else { return };
-    let (n_expert, k, tokens) = (200, 10, 5);
+    for n_expert in [200, 2100] {
+        router_case(&ctx, n_expert);
+    }
+}
+
+fn router_case(ctx: &GpuContext, n_expert: usize) {
+    let (k, tokens) = (10, 5);
     let mut logits = random_vec(tokens * n_expert, 37);
     // Token 0: a tie between experts owned by the same invocation (5, 69, 133) and by others
     // (6, 70, 199); token 1: ties below the top too.
@@ -663,36 +670,36 @@ fn router_many_experts_is_exact_and_token_invariant() {
         logits[n_expert + e] = 2.0;
     }
     let run = |split: bool| -> (Vec<u32>, Vec<f32>) {
-        let lb = upload(&ctx, &logits);
-        let ids = GpuBuf::zeros(&ctx, "ids", tokens * k).expect("ids");
-        let wts = GpuBuf::zeros(&ctx, "wts", tokens * k).expect("wts");
+        let lb = upload(ctx, &logits);
+        let ids = GpuBuf::zeros(ctx, "ids", tokens * k).expect("ids");
+        let wts = GpuBuf::zeros(ctx, "wts", tokens * k).expect("wts");
         let mut rec = Recorder::new();
         if split {
             for t in 0..tokens {
-                let one = upload(&ctx, &logits[t * n_expert..(t + 1) * n_expert]);
-                let one_ids = GpuBuf::zeros(&ctx, "ids1", k).expect("ids1");
-                let one_w = GpuBuf::zeros(&ctx, "wts1", k).expect("wts1");
-                gops::moe_router(&ctx, &mut rec, &one, &one_ids, &one_w, n_expert, k, 1)
+                let one = upload(ctx, &logits[t * n_expert..(t + 1) * n_expert]);
+                let one_ids = GpuBuf::zeros(ctx, "ids1", k).expect("ids1");
+                let one_w = GpuBuf::zeros(ctx, "wts1", k).expect("wts1");
+                gops::moe_router(ctx, &mut rec, &one, &one_ids, &one_w, n_expert, k, 1)
                     .expect("router");
-                rec.run(&ctx).expect("run");
+                rec.run(ctx).expect("run");
                 rec = Recorder::new();
-                let i = one_ids.read_u32(&ctx, 0, k).expect("ids");
-                let w = download(&ctx, &one_w, k);
-                ids.write_u32(&ctx, t * k, &i).expect("write ids");
+                let i = one_ids.read_u32(ctx, 0, k).expect("ids");
+                let w = download(ctx, &one_w, k);
+                ids.write_u32(ctx, t * k, &i).expect("write ids");
                 wts.write_u32(
-                    &ctx,
+                    ctx,
                     t * k,
                     &w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 )
                 .expect("write wts");
             }
         } else {
-            gops::moe_router(&ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
-            rec.run(&ctx).expect("run");
+            gops::moe_router(ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
+            rec.run(ctx).expect("run");
         }
         (
-            ids.read_u32(&ctx, 0, tokens * k).expect("ids"),
-            download(&ctx, &wts, tokens * k),
+            ids.read_u32(ctx, 0, tokens * k).expect("ids"),
+            download(ctx, &wts, tokens * k),
         )
     };
     let (got_ids, got_w) = run(false);
@@ -728,74 +735,91 @@ fn router_many_experts_is_exact_and_token_invariant() {
 }
 
 /// GDN conv + recurrence against a CPU twin written from `model::gdn` (same per-token maths),
-/// and chunk invariance: 7 tokens in one dispatch == 7 dispatches of one token, bit for bit.
+/// and chunk invariance: the tokens in one dispatch == token by token == uneven chunks that cross
+/// the kernel's 8-token staging batches, bit for bit. Shapes: the tiny fixture's heads, the real
+/// model's 128 x 128 heads, and heads of odd sizes (keys not a multiple of 4, values not of 16).
 #[test]
 fn gdn_matches_cpu_and_is_chunk_invariant() {
     let Some(ctx) = context() else { return };
-    let shape = GdnShape {
-        channels: 0,
-        kernel: 4,
-        n_k_heads: 2,
-        n_v_heads: 4,
-        dk: 16,
-        dv: 16,
-    };
+    for (n_k_heads, n_v_heads, dk, dv, tokens) in
+        [(2, 4, 16, 16, 7), (1, 3, 128, 128, 19), (3, 6, 23, 20, 19)]
+    {
+        let shape = GdnShape {
+            channels: 0,
+            kernel: 4,
+            n_k_heads,
+            n_v_heads,
+            dk,
+            dv,
+        };
+        gdn_case(&ctx, shape, tokens);
+    }
+}
+
+fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     let key_dim = shape.n_k_heads * shape.dk;
     let channels = 2 * key_dim + shape.n_v_heads * shape.dv;
     let shape = GdnShape { channels, ..shape };
-    let (tokens, nv, dk, dv) = (7, shape.n_v_heads, shape.dk, shape.dv);
+    let (nv, dk, dv) = (shape.n_v_heads, shape.dk, shape.dv);
     let mixed = random_vec(tokens * channels, 41);
     let conv_w = random_vec(channels * shape.kernel, 42);
     let ba = random_vec(tokens * 2 * nv, 43);
     let mut gate_params = random_vec(nv, 44);
     gate_params.extend(random_vec(nv, 45).iter().map(|v| -0.5 - v.abs()));
 
-    let run = |split: bool| -> (Vec<f32>, Vec<f32>) {
-        let cw = upload(&ctx, &conv_w);
-        let hist = GpuBuf::zeros(&ctx, "hist", 3 * channels).expect("hist");
-        let gp = upload(&ctx, &gate_params);
-        let state = GpuBuf::zeros(&ctx, "state", nv * dk * dv).expect("state");
-        let out = GpuBuf::zeros(&ctx, "out", tokens * nv * dv).expect("out");
-        let steps: Vec<(usize, usize)> = if split {
-            (0..tokens).map(|t| (t, 1)).collect()
-        } else {
-            vec![(0, tokens)]
-        };
+    let run = |chunks: &[usize]| -> (Vec<f32>, Vec<f32>) {
+        let cw = upload(ctx, &conv_w);
+        let hist = GpuBuf::zeros(ctx, "hist", 3 * channels).expect("hist");
+        let gp = upload(ctx, &gate_params);
+        let state = GpuBuf::zeros(ctx, "state", nv * dk * dv).expect("state");
+        let out = GpuBuf::zeros(ctx, "out", tokens * nv * dv).expect("out");
+        let mut steps = Vec::new();
+        let mut t0 = 0;
+        for &n in chunks.iter().cycle() {
+            if t0 == tokens {
+                break;
+            }
+            let n = n.min(tokens - t0);
+            steps.push((t0, n));
+            t0 += n;
+        }
         for (t0, n) in steps {
             // Each step sees its own tokens at the start of the buffers, like the backend's scratch.
-            let m = upload(&ctx, &mixed[t0 * channels..(t0 + n) * channels]);
-            let b = upload(&ctx, &ba[t0 * 2 * nv..(t0 + n) * 2 * nv]);
-            let c = GpuBuf::zeros(&ctx, "c", n * channels).expect("c");
-            let o = GpuBuf::zeros(&ctx, "o", n * nv * dv).expect("o");
+            let m = upload(ctx, &mixed[t0 * channels..(t0 + n) * channels]);
+            let b = upload(ctx, &ba[t0 * 2 * nv..(t0 + n) * 2 * nv]);
+            let c = GpuBuf::zeros(ctx, "c", n * channels).expect("c");
+            let o = GpuBuf::zeros(ctx, "o", n * nv * dv).expect("o");
             let mut rec = Recorder::new();
-            gops::gdn_conv(&ctx, &mut rec, &shape, &m, &cw, &hist, &c, n).expect("conv");
+            gops::gdn_conv(ctx, &mut rec, &shape, &m, &cw, &hist, &c, n).expect("conv");
             // The recurrence L2-normalises q (and scales it by 1/sqrt(dk)) and k itself.
-            gops::gdn_recurrence(&ctx, &mut rec, &shape, &c, &b, &gp, &state, &o, n).expect("rec");
-            rec.run(&ctx).expect("run");
-            let got = download(&ctx, &o, n * nv * dv);
-            out.write_f32(&ctx, t0 * nv * dv, &got).expect("gather");
+            gops::gdn_recurrence(ctx, &mut rec, &shape, &c, &b, &gp, &state, &o, n).expect("rec");
+            rec.run(ctx).expect("run");
+            let got = download(ctx, &o, n * nv * dv);
+            out.write_f32(ctx, t0 * nv * dv, &got).expect("gather");
         }
         (
-            download(&ctx, &out, tokens * nv * dv),
-            download(&ctx, &state, nv * dk * dv),
+            download(ctx, &out, tokens * nv * dv),
+            download(ctx, &state, nv * dk * dv),
         )
     };
-    let (whole, state_whole) = run(false);
-    let (split, state_split) = run(true);
-    assert!(
-        whole
-            .iter()
-            .zip(&split)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "chunked != token by token"
-    );
-    assert!(
-        state_whole
-            .iter()
-            .zip(&state_split)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "state differs"
-    );
+    let (whole, state_whole) = run(&[tokens]);
+    for chunks in [&[1][..], &[3, 9, 1]] {
+        let (split, state_split) = run(chunks);
+        assert!(
+            whole
+                .iter()
+                .zip(&split)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "dk {dk} dv {dv}: chunks {chunks:?} != one dispatch"
+        );
+        assert!(
+            state_whole
+                .iter()
+                .zip(&state_split)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "dk {dk} dv {dv}: state differs for chunks {chunks:?}"
+        );
+    }
 
     // CPU twin.
     let mut hist = vec![0f32; 3 * channels];
