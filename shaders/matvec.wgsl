@@ -78,6 +78,15 @@ override ROWS: u32 = 2u;
 // branches and the compiler can issue all of a task's loads at once.
 override ITEMS: u32 = 1u;
 override X_MODE: u32 = 0u;
+// Split K (1, 2 or 4; the dense entry points): the KSPLIT subgroups KSPLIT*g + q of a workgroup
+// share row group g, subgroup q taking lanes q*S .. q*S + S of a row body run KSPLIT*S lanes wide
+// (its lane order over the wider row, one `subgroupAdd` per subgroup), then the parts are added in
+// order q = 0, 1, .... Rows with long inputs then take a few loop steps, not tens. The launcher
+// picks KSPLIT from the weight's shape alone (never from the number of vectors), so prefill and
+// decode agree bit for bit; it also keeps KSPLIT at most the workgroup's subgroup count.
+override KSPLIT: u32 = 1u;
+var<workgroup> KPART: array<vec4<f32>, 256>; // 4 rows for each of up to 64 subgroups
+
 
 // Offsets of the tile's vectors from the first one's (see the header).
 var<private> XS: vec4<u32>;
@@ -144,6 +153,65 @@ fn reduce_items(acc: vec4<f32>, n_items: u32) -> vec4<f32> {
     return r;
 }
 
+fn zero_acc() -> Acc {
+    return Acc(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+// The row group's results over the whole row: this subgroup's part plus its partners', in part
+// order (KSPLIT > 1), on every lane of each of them. Called by every invocation of the workgroup
+// once per row-group step (it holds barriers).
+fn split_sum(acc: Acc, sg_id: u32, lane: u32) -> Acc {
+    if (KSPLIT == 1u) {
+        return acc;
+    }
+    workgroupBarrier();
+    if (lane == 0u) {
+        KPART[4u * sg_id] = acc.r0;
+        KPART[4u * sg_id + 1u] = acc.r1;
+        KPART[4u * sg_id + 2u] = acc.r2;
+        KPART[4u * sg_id + 3u] = acc.r3;
+    }
+    workgroupBarrier();
+    let first = 4u * (sg_id - sg_id % KSPLIT);
+    var r = Acc(KPART[first], KPART[first + 1u], KPART[first + 2u], KPART[first + 3u]);
+    for (var q = 1u; q < KSPLIT; q++) {
+        let at = first + 4u * q;
+        r.r0 += KPART[at];
+        r.r1 += KPART[at + 1u];
+        r.r2 += KPART[at + 2u];
+        r.r3 += KPART[at + 3u];
+    }
+    return r;
+}
+
+// Row group g's place in the dense entry points' loop (see KSPLIT).
+struct Group {
+    row0: u32,
+    n_rows: u32,
+    live: bool,
+}
+
+fn group_at(wg_x: u32, g: u32) -> Group {
+    let row0 = (wg_x * p.rows_per_wg + g) * ROWS;
+    let live = g < p.rows_per_wg && row0 < p.rows;
+    var n_rows = 1u;
+    if (live) {
+        n_rows = min(ROWS, p.rows - row0);
+    }
+    return Group(row0, n_rows, live);
+}
+
+// This subgroup's part of row group `grp` (zeros when it has no rows), summed over the split.
+fn dense_rows(grp: Group, x_base: u32, sg_id: u32, lane: u32, sg_size: u32) -> Acc {
+    var acc = zero_acc();
+    if (grp.live) {
+        let q = sg_id % KSPLIT;
+        acc = rows_dot(grp.row0, 1u, grp.n_rows, x_base, ITEMS, q * sg_size + lane,
+                       KSPLIT * sg_size);
+    }
+    return split_sum(acc, sg_id, lane);
+}
+
 struct Tile {
     first_item: u32,
     n_items: u32,
@@ -187,14 +255,13 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
-    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
-        let row0 = wg.x * p.rows_per_wg * ROWS + r;
-        if (row0 >= p.rows) {
-            break;
-        }
-        let n_rows = min(ROWS, p.rows - row0);
-        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
-        if (lane == 0u) {
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let store = grp.live && sg_id % KSPLIT == 0u;
+        let row0 = grp.row0;
+        let n_rows = grp.n_rows;
+        if (store && lane == 0u) {
             for (var j = 0u; j < ROWS; j++) {
                 for (var i = 0u; i < TILE; i++) {
                     if (j < n_rows && i < ITEMS) {
@@ -219,14 +286,13 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
-    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
-        let row0 = wg.x * p.rows_per_wg * ROWS + r;
-        if (row0 >= p.rows) {
-            break;
-        }
-        let n_rows = min(ROWS, p.rows - row0);
-        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
-        if (lane == 0u) {
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let store = grp.live && sg_id % KSPLIT == 0u;
+        let row0 = grp.row0;
+        let n_rows = grp.n_rows;
+        if (store && lane == 0u) {
             for (var j = 0u; j < ROWS; j++) {
                 let g = p.row_base + row0 + j;
                 var buf = 0u;
@@ -307,14 +373,13 @@ fn matvec_combine(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
-    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
-        let row0 = wg.x * p.rows_per_wg * ROWS + r;
-        if (row0 >= p.rows) {
-            break;
-        }
-        let n_rows = min(ROWS, p.rows - row0);
-        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
-        if (lane == 0u) {
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let store = grp.live && sg_id % KSPLIT == 0u;
+        let row0 = grp.row0;
+        let n_rows = grp.n_rows;
+        if (store && lane == 0u) {
             let wide = p.h * p.hc;
             for (var t = 0u; t < TILE; t++) {
                 if (t < ITEMS) {
@@ -357,18 +422,17 @@ fn matvec_moe_combine(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
-    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
-        let row0 = wg.x * p.rows_per_wg * ROWS + r;
-        if (row0 >= p.rows) {
-            break;
-        }
-        let n_rows = min(ROWS, p.rows - row0);
-        let acc = rows_dot(row0, 1u, n_rows, tile.x_base, ITEMS, lane, sg_size);
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let store = grp.live && sg_id % KSPLIT == 0u;
+        let row0 = grp.row0;
+        let n_rows = grp.n_rows;
         // Every lane holds the reduced rows: lane q finishes the (row, vector) pairs q, q + S, ...
         // (the same arithmetic whichever lane does it), so a prefill tile's 16 pairs run side by
         // side rather than in series on one lane.
         let wide = p.h * p.hc;
-        for (var q = lane; q < ROWS * TILE; q += sg_size) {
+        for (var q = lane; store && q < ROWS * TILE; q += sg_size) {
             let j = q / TILE;
             let t = q % TILE;
             if (j < n_rows && t < ITEMS) {

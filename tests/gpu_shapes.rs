@@ -4,7 +4,8 @@
 //! * quantized rows of 1, 2, 3 and 5 whole blocks of every GPU type (fewer 32-value chunks than a
 //!   subgroup has lanes, odd chunk counts), with 1, 2, 3 and 7 rows (odd row counts leave a row
 //!   without its pair) and 1 to 5 vectors (a partial tile);
-//! * unquantized (F32, F16, BF16) rows of any length: 24, 33, 100 values.
+//! * unquantized (F32, F16, BF16) rows of any length: 24, 33, 100 values;
+//! * rows of 4,100 to 8,448 values, which several subgroups share (the K split).
 //!
 //! Each result is checked against an f64 dot of the CPU dequantizer's values: |error| <= 1e-5 of
 //! sum |w x| per row (f32 accumulation in another order), and one dispatch of several vectors must
@@ -182,6 +183,33 @@ fn unquantized_rows_of_multiples_of_32() {
             }
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Few rows long enough that several subgroups share each row (the K split: 2 from 4,096 values, 4
+/// from 8,192), for every GPU type, with row counts that leave workgroups partly filled and
+/// partial tiles: the same tolerance, and batched == one vector at a time.
+#[test]
+fn long_rows_split_over_subgroups() {
+    let Some(ctx) = context() else { return };
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for ty in gpu_types() {
+        let lengths: &[usize] = if ty.block_size() == 1 {
+            &[4100, 8200]
+        } else {
+            &[17 * 256, 33 * 256]
+        };
+        for &row_len in lengths {
+            for (rows, items) in [(1, 1), (37, 5)] {
+                if let Err(e) = check_shape(&ctx, ty, rows, row_len, items) {
+                    failures.push(e);
+                }
+                checked += 1;
+            }
+        }
+    }
+    println!("{checked} shapes checked, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -219,6 +219,23 @@ fn key(
         .constant("X_MODE", xform.mode().0 as f64)
 }
 
+/// Subgroups that share each row of a dense mat-vec (the shader's KSPLIT), for matrices of few
+/// long rows (up to 1,024 rows of 4,096 values or more), which would leave a large GPU mostly idle
+/// with each lane walking tens of loop steps: 4 from 8,192 values, else 2; never more than a
+/// workgroup's subgroups. (On the H200, 320 x 10,240 went from 17 to 11 us; 2,560 x 6,144 rows
+/// got slower split.) It changes a row's summation order, so it depends on the weight and the
+/// adapter only, never on the number of vectors: prefill and decode agree. (The expert entry
+/// points keep 1.)
+fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
+    let want = match (w.n_rows, w.row_len) {
+        (r, _) if r > 1024 => 1,
+        (_, k) if k >= 8192 => 4,
+        (_, k) if k >= 4096 => 2,
+        _ => 1,
+    };
+    want.min((wg_size() / subgroup_size(ctx)).max(1))
+}
+
 fn bindings<'a>(
     w: &'a GpuWeight,
     part: &'a WeightPart,
@@ -425,15 +442,22 @@ pub fn matvec_with(
                     ("matvec_combine", per_sg, part.n_rows.div_ceil(per_sg))
                 }
             };
-            // Row groups (of `per_sg` rows) per workgroup: one per subgroup.
-            let per_wg = (wg_size() / sg).max(1);
+            // Row groups (of `per_sg` rows) per workgroup: one per subgroup, or per `split`
+            // subgroups where a row's input is split over several (not for the mix store).
+            let split = if entry == "matvec_mix" {
+                1
+            } else {
+                k_split(ctx, w)
+            };
+            let per_wg = (wg_size() / sg / split).max(1);
             params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
             let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
             params.item0 = to_u32(item0, "first item")?;
             let (gy, gz) = item_grid(count / tile);
             rec.push(
                 ctx,
-                &key(w, any_length(w, x, xform), entry, per_sg, tile, xform),
+                &key(w, any_length(w, x, xform), entry, per_sg, tile, xform)
+                    .constant("KSPLIT", split as f64),
                 &b,
                 bytemuck::bytes_of(&params),
                 [gx, gy, gz],
