@@ -5,6 +5,10 @@
 # build), .devdata/tiny (oracle fixture subset) and .devdata/tools (oracle_check.py, the synthetic
 # model writer). Writes logs and JSON under $OUT.
 #   STAGES="oracle matvec model" (default all), LAYERS=48, SKEW=0, EXTRA_BENCH="...".
+#   SWEEP="A=1 B=2;A=2" (with the model stage): the model bench again under each ;-separated set
+#   of environment settings (tuning overrides such as STRATA_PREFILL_ROWS), prefill 512, decode 16.
+#   MSWEEP="A=1;A=2": the mat-vec bench (MATVEC_TYPES, MATVEC_SHAPES) under each set of settings.
+#   The SM and memory clocks are sampled every 200 ms while the stages run (clocks.txt).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
@@ -16,6 +20,10 @@ ldconfig
 S=./.devbin/strata
 export PYTHONUNBUFFERED=1
 "$S" inspect --gpus 2>&1 | head -5
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
+        --format=csv -lms 200 > "$OUT/clocks.txt" 2>&1 &
+fi
 
 if [[ " $STAGES " == *" oracle "* ]]; then
     echo "== oracle (GPU, tolerance 1e-3)"
@@ -44,4 +52,23 @@ if [[ " $STAGES " == *" model "* ]]; then
         --router-skew "$SKEW" >/dev/null 2>&1 || { echo "synthetic model failed"; exit 1; }
     "$S" bench --model /tmp/f.gguf --prefill "${PREFILL:-512,4096}" --decode "${DECODE:-64}" \
         ${EXTRA_BENCH:-} --json "$OUT/model.json" 2>&1 >/dev/null | tee "$OUT/model.txt"
+fi
+
+if [[ -n "${SWEEP:-}" && " $STAGES " == *" model "* ]]; then
+    IFS=';' read -ra sets <<< "$SWEEP"
+    for set in "${sets[@]}"; do
+        echo "== sweep: $set" | tee -a "$OUT/sweep.txt"
+        env $set "$S" bench --model /tmp/f.gguf --prefill 512 --decode 16 2>&1 >/dev/null \
+            | grep -E -A7 "tok/s|prefill chunk|decode step" | tee -a "$OUT/sweep.txt"
+    done
+fi
+
+if [[ -n "${MSWEEP:-}" ]]; then
+    IFS=';' read -ra sets <<< "$MSWEEP"
+    for set in "${sets[@]}"; do
+        echo "== matvec sweep: $set" | tee -a "$OUT/msweep.txt"
+        env $set "$S" bench --synthetic matvec --quant "${MATVEC_TYPES:-Q6_K,Q8_0}" \
+            ${MATVEC_SHAPES:+--shapes "$MATVEC_SHAPES"} 2>&1 >/dev/null | tail -n +3 \
+            | tee -a "$OUT/msweep.txt"
+    done
 fi

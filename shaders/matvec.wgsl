@@ -20,6 +20,7 @@
 //                 finishing the MoE block as moe.wgsl's moe_combine_hc; matvec_expert: one
 //                 expert per item (ids from the router);
 //                 matvec_group: the items of each expert in tiles (prefill, grouped by moe_group).
+// The dense entry points may split a row over several subgroups (KSPLIT, below).
 // A tile's vectors start at x_base + XS.x, .y, .z, .w (XS.x = 0): evenly spaced for the dense
 // entries, gathered for matvec_group. The row bodies read them through XS only.
 
@@ -86,7 +87,6 @@ override X_MODE: u32 = 0u;
 // decode agree bit for bit; it also keeps KSPLIT at most the workgroup's subgroup count.
 override KSPLIT: u32 = 1u;
 var<workgroup> KPART: array<vec4<f32>, 256>; // 4 rows for each of up to 64 subgroups
-
 
 // Offsets of the tile's vectors from the first one's (see the header).
 var<private> XS: vec4<u32>;

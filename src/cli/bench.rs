@@ -43,6 +43,10 @@ pub struct Args {
     /// multiple of its block use IQ4_NL, as in the published files).
     #[arg(long)]
     pub quant: Option<String>,
+    /// `--synthetic matvec`: only these shapes (comma-separated `ROWSxCOLS`, e.g. `10240x2560`;
+    /// expert shapes as listed, `640x2560`, select the 10-of-512 expert case). Default: all.
+    #[arg(long)]
+    pub shapes: Option<String>,
     /// `--synthetic full`: number of layers (the real model has 48; every 4th is attention).
     #[arg(long, default_value_t = 4)]
     pub layers: usize,
@@ -248,6 +252,9 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
     let mut table = Vec::new();
     for ty in types {
         for shape in MATVEC_SHAPES {
+            if !shape_selected(args.shapes.as_deref(), shape) {
+                continue;
+            }
             if !shape.cols.is_multiple_of(ty.block_size()) {
                 continue;
             }
@@ -295,6 +302,12 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
         "streaming_read_timing": read.timing,
         "results": table,
     }))
+}
+
+/// Whether `--shapes` (a comma-separated list of `ROWSxCOLS`) names `shape`; no list names all.
+fn shape_selected(list: Option<&str>, shape: &MatvecShape) -> bool {
+    let name = format!("{}x{}", shape.rows, shape.cols);
+    list.is_none_or(|l| l.split(',').any(|s| s.trim() == name))
 }
 
 /// A mat-vec shape of the real model: `rows` x `cols`, or `experts` of 512 stacked matrices.
