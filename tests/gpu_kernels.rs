@@ -737,16 +737,20 @@ fn router_case(ctx: &GpuContext, n_expert: usize) {
 /// GDN conv + recurrence against a CPU twin written from `model::gdn` (same per-token maths),
 /// and chunk invariance: the tokens in one dispatch == token by token == uneven chunks that cross
 /// the kernel's 8-token staging batches, bit for bit. Shapes: the tiny fixture's heads, the real
-/// model's 128 x 128 heads, and heads of odd sizes (keys not a multiple of 4, values not of 16).
+/// model's 128 x 128 heads, heads of odd sizes (keys not a multiple of 4, values not of 16), and a
+/// 3-tap conv (the kernel's general path; the model's 4 taps have one of their own).
 #[test]
 fn gdn_matches_cpu_and_is_chunk_invariant() {
     let Some(ctx) = context() else { return };
-    for (n_k_heads, n_v_heads, dk, dv, tokens) in
-        [(2, 4, 16, 16, 7), (1, 3, 128, 128, 19), (3, 6, 23, 20, 19)]
-    {
+    for (n_k_heads, n_v_heads, dk, dv, tokens, kernel) in [
+        (2, 4, 16, 16, 7, 4),
+        (1, 3, 128, 128, 19, 4),
+        (3, 6, 23, 20, 19, 4),
+        (2, 4, 16, 16, 9, 3),
+    ] {
         let shape = GdnShape {
             channels: 0,
-            kernel: 4,
+            kernel,
             n_k_heads,
             n_v_heads,
             dk,
@@ -763,13 +767,14 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     let (nv, dk, dv) = (shape.n_v_heads, shape.dk, shape.dv);
     let mixed = random_vec(tokens * channels, 41);
     let conv_w = random_vec(channels * shape.kernel, 42);
+    let taps_hist = shape.kernel - 1;
     let ba = random_vec(tokens * 2 * nv, 43);
     let mut gate_params = random_vec(nv, 44);
     gate_params.extend(random_vec(nv, 45).iter().map(|v| -0.5 - v.abs()));
 
     let run = |chunks: &[usize]| -> (Vec<f32>, Vec<f32>) {
         let cw = upload(ctx, &conv_w);
-        let hist = GpuBuf::zeros(ctx, "hist", 3 * channels).expect("hist");
+        let hist = GpuBuf::zeros(ctx, "hist", taps_hist * channels).expect("hist");
         let gp = upload(ctx, &gate_params);
         let state = GpuBuf::zeros(ctx, "state", nv * dk * dv).expect("state");
         let out = GpuBuf::zeros(ctx, "out", tokens * nv * dv).expect("out");
@@ -822,7 +827,8 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     }
 
     // CPU twin.
-    let mut hist = vec![0f32; 3 * channels];
+    let taps = shape.kernel;
+    let mut hist = vec![0f32; taps_hist * channels];
     let mut s = vec![0f32; nv * dk * dv];
     let mut want = Vec::new();
     for t in 0..tokens {
@@ -830,18 +836,18 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
         let mut c = vec![0f32; channels];
         for ch in 0..channels {
             let mut acc = 0f32;
-            for k in 0..4 {
-                let v = if k == 3 {
+            for k in 0..taps {
+                let v = if k == taps_hist {
                     u[ch]
                 } else {
                     hist[k * channels + ch]
                 };
-                acc += conv_w[ch * 4 + k] * v;
+                acc += conv_w[ch * taps + k] * v;
             }
             c[ch] = cpu::silu(acc);
         }
         hist.copy_within(channels.., 0);
-        hist[2 * channels..].copy_from_slice(u);
+        hist[(taps_hist - 1) * channels..].copy_from_slice(u);
         for q in c[..key_dim].chunks_mut(dk) {
             cpu::l2norm(q, 1e-6);
             q.iter_mut().for_each(|v| *v *= 1.0 / (dk as f32).sqrt());
