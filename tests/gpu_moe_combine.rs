@@ -1,9 +1,10 @@
-//! The MoE block finished in the store of the shared expert's down projection
-//! (`Store::MoeCombine`) against the separate form (`Store::Rows` into a buffer, then
-//! `ops::moe_combine_hc`): the residual must come out with the same bits, for block and split
-//! layouts, widths that are not multiples of the row groups, token counts that fill tiles and
-//! leave remainders, SwiGLU inputs, and a weight split over several parts. `.ci/run` repeats this
-//! file at subgroup sizes 4, 8 and 16.
+//! The mat-vec's fused stores against the plain one. The MoE block finished in the store of the
+//! shared expert's down projection (`Store::MoeCombine`) against the separate form (`Store::Rows`
+//! into a buffer, then `ops::moe_combine_hc`): the residual must come out with the same bits, for
+//! block and split layouts, widths that are not multiples of the row groups, token counts that fill
+//! tiles and leave remainders, SwiGLU inputs, a weight split over several parts, and rows long
+//! enough to be split over subgroups. `Store::Segments` and `Store::Combine` likewise against
+//! `Store::Rows` (and `ops::hc_combine`). `.ci/run` repeats this file at subgroup sizes 4, 8 and 16.
 
 mod common;
 
@@ -155,6 +156,9 @@ fn fused_moe_combine_matches_the_separate_kernels_bit_for_bit() {
         // Block layout and float rows of any length.
         (GgmlType::Q4_K, 21, 256, 6, None),
         (GgmlType::F32, 17, 24, 3, Some(5)),
+        // Long rows, which 2 and 4 subgroups share (the K split), decode and prefill.
+        (GgmlType::Q6_K, 40, 17 * 256, 1, None),
+        (GgmlType::Q8_0, 37, 8192, 5, None),
     ];
     for (ty, h, ff, tokens, part_rows) in cases {
         run_case(
@@ -167,5 +171,82 @@ fn fused_moe_combine_matches_the_separate_kernels_bit_for_bit() {
                 part_rows,
             },
         );
+    }
+}
+
+/// The other two stores against `Store::Rows`, on rows long enough that 2 or 4 subgroups share
+/// each (the K split) and on short ones: `Store::Segments` (a concatenated weight written to three
+/// outputs) must give the rows' bits, and `Store::Combine` the bits of the rows followed by
+/// `ops::hc_combine`.
+#[test]
+fn segment_and_combine_stores_match_rows_bit_for_bit() {
+    let Some(ctx) = context() else { return };
+    for (ty, h, row_len, tokens) in [
+        (GgmlType::Q6_K, 40, 17 * 256, 1),
+        (GgmlType::Q8_0, 37, 8192, 5),
+        (GgmlType::IQ4_NL, 29, 96, 6),
+    ] {
+        stores_case(&ctx, ty, h, row_len, tokens);
+    }
+}
+
+fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens: usize) {
+    let hc = 4;
+    let what = format!("{ty:?} {h}x{row_len} tokens {tokens}");
+    let blocks = strata::quant::random_blocks(ty, h * row_len / ty.block_size(), 5 + h as u64);
+    let w = GpuWeight::upload(ctx, "w", ty, row_len, h, 1, &blocks).expect("upload");
+    let x = GpuBuf::from_f32(ctx, "x", &random_vec(tokens * row_len, 9)).expect("x");
+    let xv = View::new(&x, 0, row_len);
+    let rows = GpuBuf::zeros(ctx, "rows", tokens * h).expect("rows");
+    let inject = GpuBuf::from_f32(ctx, "inject", &random_vec(tokens * hc, 10)).expect("inject");
+    let residual = random_vec(tokens * hc * h, 11);
+    let wide_a = GpuBuf::from_f32(ctx, "wide a", &residual).expect("wide a");
+    let wide_b = GpuBuf::from_f32(ctx, "wide b", &residual).expect("wide b");
+    let first = [0, h / 3, h / 2];
+    let lens = [first[1], first[2] - first[1], h - first[2]];
+    let segs: Vec<GpuBuf> = lens
+        .iter()
+        .map(|&n| GpuBuf::zeros(ctx, "segment", tokens * n).expect("segment"))
+        .collect();
+    let mut rec = Recorder::new();
+    let plain = Store::Rows(View::new(&rows, 0, h));
+    kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, plain, tokens).expect("rows");
+    ops::hc_combine(ctx, &mut rec, &wide_a, &rows, &inject, h, hc, tokens).expect("hc combine");
+    let outs = [
+        View::new(&segs[0], 0, lens[0]),
+        View::new(&segs[1], 0, lens[1]),
+        View::new(&segs[2], 0, lens[2]),
+    ];
+    let segments = Store::Segments { outs, first };
+    kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, segments, tokens).expect("segs");
+    let combine = Store::Combine {
+        wide: &wide_b,
+        inject: &inject,
+        h,
+        hc,
+    };
+    kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, combine, tokens).expect("combine");
+    rec.run(ctx).expect("run");
+
+    let want = rows.read_f32(ctx, 0, tokens * h).expect("rows");
+    for (s, (seg, &n)) in segs.iter().zip(&lens).enumerate() {
+        let got = seg.read_f32(ctx, 0, tokens * n).expect("segment");
+        for t in 0..tokens {
+            for r in 0..n {
+                let (g, wv) = (got[t * n + r], want[t * h + first[s] + r]);
+                assert_eq!(g.to_bits(), wv.to_bits(), "{what}: segment {s} row {r}");
+            }
+        }
+    }
+    let a = wide_a.read_f32(ctx, 0, tokens * hc * h).expect("a");
+    let b = wide_b.read_f32(ctx, 0, tokens * hc * h).expect("b");
+    assert!(
+        a.iter()
+            .zip(&residual)
+            .any(|(x, r)| x.to_bits() != r.to_bits()),
+        "{what}: the combine changed the residual"
+    );
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "{what}: residual value {i}");
     }
 }
