@@ -41,7 +41,7 @@ struct Params {
     d_base: u32,        // split layouts: byte offset of the part's scale plane
     x_mode: u32,
     x_half: u32,        // x_mode 1: floats from a gate to its up value
-    x_scale: f32,       // x_mode 2
+    x_scale: f32,       // x_mode 2; matvec_seg's Y0_MODE 2
     row_base: u32,      // global row of this part's row 0 (matvec_seg)
     seg1: u32,          // matvec_seg: first global row of output 1 (and of output 2)
     seg2: u32,
@@ -79,6 +79,10 @@ override ROWS: u32 = 2u;
 // branches and the compiler can issue all of a task's loads at once.
 override ITEMS: u32 = 1u;
 override X_MODE: u32 = 0u;
+// matvec_seg: 2 stores silu(v * x_scale) (xform4's mode 2, per component) in output 0 instead of
+// v, what xform_in_place would leave there; 0 stores v. (The seg's own x is plain, so x_scale is
+// free for it.)
+override Y0_MODE: u32 = 0u;
 // Split K (1, 2 or 4; the dense entry points): the KSPLIT subgroups KSPLIT*g + q of a workgroup
 // share row group g, subgroup q taking lanes q*S .. q*S + S of a row body run KSPLIT*S lanes wide
 // (its lane order over the wider row, one `subgroupAdd` per subgroup), then the parts are added in
@@ -307,9 +311,13 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
                     stride = p.y1_stride;
                     at = p.y1_offset + g - p.seg1;
                 }
+                var v = acc_row(acc, j);
+                if (Y0_MODE == 2u && buf == 0u) {
+                    v = silu4(v * p.x_scale);
+                }
                 for (var i = 0u; i < TILE; i++) {
                     if (j < n_rows && i < ITEMS) {
-                        put(buf, (tile.first_item + i) * stride + at, comp(acc_row(acc, j), i));
+                        put(buf, (tile.first_item + i) * stride + at, comp(v, i));
                     }
                 }
             }
@@ -491,6 +499,43 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
                     Y[item * p.y_stride + p.y_offset + row + j] = acc_row(acc, j).x;
                 }
             }
+        }
+    }
+}
+
+// matvec_expert for a fused gate|up weight (rows 0 .. h gate, h .. 2h up, per expert; p.h = h):
+// each subgroup computes gate row j and up row j together (ROWS = 2, row step h) and stores
+// silu(gate) * up at row j of the item's output, as xform_in_place's SwiGLU writes over the gate
+// half (the same silu4 arithmetic per component), so the down projection reads it plainly.
+@compute @workgroup_size(WG)
+fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32,
+                     @builtin(subgroup_id) sg_id: u32,
+                     @builtin(num_subgroups) n_sg: u32,
+                     @builtin(subgroup_invocation_id) lane: u32,
+                     @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let item = wg.y + wg.z * 65535u;
+    if (item >= p.items) {
+        return;
+    }
+    let expert = IDS[item];
+    if (expert < p.expert_first || expert >= p.expert_first + p.expert_count) {
+        return;
+    }
+    let x_base = item_x(item);
+    XS = vec4<u32>(0u);
+    let first_row = (expert - p.expert_first) * p.rows;
+    for (var r = sg_id; r < p.rows_per_wg; r += n_sg) {
+        let j = wg.x * p.rows_per_wg + r;
+        if (j >= p.h) {
+            break;
+        }
+        let acc = rows_dot(first_row + j, p.h, 2u, x_base, 1u, lane, sg_size);
+        if (lane == 0u) {
+            let h = silu4(vec4<f32>(acc.r0.x)) * vec4<f32>(acc.r1.x);
+            Y[item * p.y_stride + p.y_offset + j] = h.x;
         }
     }
 }

@@ -71,8 +71,8 @@ struct Ranked {
 
 // Per-subgroup winners of a top-k round, two rounds' worth (by parity: a round's slots are
 // rewritten two rounds later, after every invocation has passed the round in between).
-var<workgroup> sg_best_v: array<f32, 2u * ROUTER_WG>;
-var<workgroup> sg_best_e: array<u32, 2u * ROUTER_WG>;
+var<workgroup> sg_best_v: array<f32, 2u * RT_WG>;
+var<workgroup> sg_best_e: array<u32, 2u * RT_WG>;
 
 // The best-ranked (value, id) over the workgroup: each subgroup's best by subgroupMax of the
 // value and subgroupMin of the ids holding it (both exact), then the subgroups' winners in a
@@ -87,7 +87,7 @@ fn workgroup_best(v: f32, e: u32, lane_sg: vec3<u32>, parity: u32) -> Ranked {
     let key = select(-1.0, v, valid);
     let m = subgroupMax(key);
     let id = subgroupMin(select(NO_EXPERT, e, valid && key == m));
-    let slot = parity * ROUTER_WG;
+    let slot = parity * RT_WG;
     if (lane == 0u) {
         sg_best_v[slot + sg_id] = m;
         sg_best_e[slot + sg_id] = id;
@@ -104,12 +104,148 @@ fn workgroup_best(v: f32, e: u32, lane_sg: vec3<u32>, parity: u32) -> Ranked {
     return best;
 }
 
-// One workgroup per token; invocation l owns experts l, l+64, ... (it writes and rereads only
-// those). The softmax sum is per-invocation sums in expert order, then a fixed tree. Slot s takes
+// moe_router: one workgroup of RT_WG invocations per token; invocation l holds the probabilities
+// of experts l, l + RT_WG, l + 2 RT_WG, l + 3 RT_WG in registers (routers of up to 4 RT_WG
+// experts; more take moe_router_wide, chosen by the launcher from the expert count and k alone).
+// Softmax: the max is exact in any order; the sum is each invocation's values in expert order,
+// then the subgroup sums (subgroupAdd, one fixed order per device), then the subgroups' sums in
+// subgroup order. Top-k without a barrier per round: each subgroup ranks its own best k (k rounds
+// of subgroupMax / subgroupMin), then subgroup 0 ranks the subgroups' candidates (the global best
+// k are among them). The ranking is a strict order, so the result is the one it defines.
+const RT_WG: u32 = 256u;
+// Candidates in workgroup memory: k of each of up to RT_WG / 4 subgroups (k <= 16).
+const RT_CAND: u32 = 1024u;
+var<workgroup> rt_part: array<f32, RT_WG>;
+var<workgroup> cand_v: array<f32, RT_CAND>;
+var<workgroup> cand_e: array<u32, RT_CAND>;
+// The workgroup's total of one value per invocation (max when `is_max`), as described above.
+fn rt_reduce(v: f32, is_max: bool, sg_id: u32, n_sg: u32, lane: u32) -> f32 {
+    var s = subgroupAdd(v);
+    if (is_max) {
+        s = subgroupMax(v);
+    }
+    if (lane == 0u) {
+        rt_part[sg_id] = s;
+    }
+    workgroupBarrier();
+    var total = rt_part[0];
+    for (var g = 1u; g < n_sg; g++) {
+        if (is_max) {
+            total = max(total, rt_part[g]);
+        } else {
+            total += rt_part[g];
+        }
+    }
+    workgroupBarrier();
+    return total;
+}
+
+fn rt_load(base: u32, e: u32) -> f32 {
+    if (e < p.n_expert) {
+        return LOGITS[base + e];
+    }
+    return -3.402823e38;
+}
+
+fn rt_best(v: f32, e: u32, prev_v: f32, prev_e: u32, best: Ranked) -> Ranked {
+    let after_prev = prev_e == NO_EXPERT || ranks_before(prev_v, prev_e, v, e);
+    if (e < p.n_expert && after_prev && ranks_before(v, e, best.value, best.id)) {
+        return Ranked(v, e);
+    }
+    return best;
+}
+
+// The subgroup's best (value, id): subgroupMax of the values, subgroupMin of the ids holding it.
+fn sg_best(r: Ranked) -> Ranked {
+    let valid = r.id != NO_EXPERT && r.value == r.value;
+    let key = select(-1.0, r.value, valid);
+    let m = subgroupMax(key);
+    let id = subgroupMin(select(NO_EXPERT, r.id, valid && key == m));
+    return Ranked(m, id);
+}
+
+@compute @workgroup_size(RT_WG)
+fn moe_router(@builtin(workgroup_id) wg: vec3<u32>,
+              @builtin(local_invocation_id) lid3: vec3<u32>,
+              @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) n_sg: u32,
+              @builtin(subgroup_invocation_id) lane: u32,
+              @builtin(subgroup_size) sg_size: u32) {
+    let t = wg.x + wg.y * 65535u;
+    // Uniform per workgroup, so the early return keeps the barriers uniform.
+    if (t >= p.tokens) {
+        return;
+    }
+    let lid = lid3.x;
+    let base = t * p.n_expert;
+    let e = vec4<u32>(lid, lid + RT_WG, lid + 2u * RT_WG, lid + 3u * RT_WG);
+    var v = vec4<f32>(rt_load(base, e.x), rt_load(base, e.y), rt_load(base, e.z),
+                      rt_load(base, e.w));
+    let mx = rt_reduce(max(max(max(max(-3.402823e38, v.x), v.y), v.z), v.w), true, sg_id,
+                       n_sg, lane);
+    let live = e < vec4<u32>(p.n_expert);
+    v = select(vec4<f32>(0.0), exp(v - mx), live);
+    let inv = 1.0 / rt_reduce(((v.x + v.y) + v.z) + v.w, false, sg_id, n_sg, lane);
+    v *= inv;
+    if (live.x) { LOGITS[base + e.x] = v.x; }
+    if (live.y) { LOGITS[base + e.y] = v.y; }
+    if (live.z) { LOGITS[base + e.z] = v.z; }
+    if (live.w) { LOGITS[base + e.w] = v.w; }
+    // This subgroup's best k, best first.
+    var prev = Ranked(0.0, NO_EXPERT);
+    for (var slot = 0u; slot < p.k; slot++) {
+        var best = Ranked(0.0, NO_EXPERT);
+        best = rt_best(v.x, e.x, prev.value, prev.id, best);
+        best = rt_best(v.y, e.y, prev.value, prev.id, best);
+        best = rt_best(v.z, e.z, prev.value, prev.id, best);
+        best = rt_best(v.w, e.w, prev.value, prev.id, best);
+        let got = sg_best(best);
+        if (got.id != NO_EXPERT) {
+            prev = got;
+        }
+        if (lane == 0u) {
+            cand_v[sg_id * p.k + slot] = got.value;
+            cand_e[sg_id * p.k + slot] = got.id;
+        }
+    }
+    workgroupBarrier();
+    if (sg_id != 0u) {
+        return;
+    }
+    // Subgroup 0 ranks the n_sg * k candidates (NO_EXPERT ones never win).
+    let n_cand = n_sg * p.k;
+    var total = 0.0;
+    prev = Ranked(0.0, NO_EXPERT);
+    for (var slot = 0u; slot < p.k; slot++) {
+        var best = Ranked(0.0, NO_EXPERT);
+        for (var c = lane; c < n_cand; c += sg_size) {
+            best = rt_best(cand_v[c], cand_e[c], prev.value, prev.id, best);
+        }
+        var won = sg_best(best);
+        if (won.id == NO_EXPERT) {
+            // Only when the probabilities are NaN (nothing compares): keep the id in range and
+            // let the NaN reach the weights, where the caller's finiteness check reports it.
+            won = Ranked(inv * (inv - inv), min(slot, p.n_expert - 1u));
+        }
+        prev = won;
+        total += won.value;
+        if (lane == 0u) {
+            IDS[t * p.k + slot] = won.id;
+            WTS[t * p.k + slot] = won.value;
+        }
+    }
+    if (lane == 0u) {
+        for (var slot = 0u; slot < p.k; slot++) {
+            WTS[t * p.k + slot] = WTS[t * p.k + slot] / total;
+        }
+    }
+}
+
+// moe_router_wide: one workgroup of ROUTER_WG invocations per token; invocation l owns experts
+// l, l+64, ... in LOGITS (it writes and rereads only those). The softmax sum is per-invocation sums in expert order, then a fixed tree. Slot s takes
 // the best-ranked expert ranked after slot s-1's choice, which is the original "best of the
 // experts not yet taken" without a taken list.
 @compute @workgroup_size(ROUTER_WG)
-fn moe_router(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
+fn moe_router_wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
               @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) n_sg: u32,
               @builtin(subgroup_invocation_id) lane: u32) {
     let t = wg.x + wg.y * 65535u;

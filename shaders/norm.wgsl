@@ -111,6 +111,50 @@ fn weight(g: u32, i: u32) -> f32 {
     return Wt[(g * p.n + i) % p.w_period];
 }
 
+// X[src + l + k * WG] (0 past the group).
+fn x_at(src: u32, l: u32, k: u32) -> f32 {
+    let i = l + k * WG;
+    if (i < p.n) {
+        return X[src + i];
+    }
+    return 0.0;
+}
+
+// rmsnorm of a group of at most 12 * WG values: the thread's (up to 12) values and weights are
+// loaded at once and kept in registers, so the group costs one memory latency, not one per
+// batch of 4 and then the reread. The same arithmetic in the same order as the loop form: the
+// sum is the same sequential fma over i = l, l + WG, ... (the zeros past the group add nothing),
+// and each output is x * inv * w * scale.
+fn rmsnorm_short(g: u32, src: u32, dst: u32, l: u32, lane: Lane) {
+    let a = vec4<f32>(x_at(src, l, 0u), x_at(src, l, 1u), x_at(src, l, 2u), x_at(src, l, 3u));
+    let b = vec4<f32>(x_at(src, l, 4u), x_at(src, l, 5u), x_at(src, l, 6u), x_at(src, l, 7u));
+    let c = vec4<f32>(x_at(src, l, 8u), x_at(src, l, 9u), x_at(src, l, 10u), x_at(src, l, 11u));
+    var acc = 0.0;
+    acc = fma(a.w, a.w, fma(a.z, a.z, fma(a.y, a.y, fma(a.x, a.x, acc))));
+    acc = fma(b.w, b.w, fma(b.z, b.z, fma(b.y, b.y, fma(b.x, b.x, acc))));
+    acc = fma(c.w, c.w, fma(c.z, c.z, fma(c.y, c.y, fma(c.x, c.x, acc))));
+    let inv = inv_norm(block_sum(acc, lane));
+    put_short(g, dst, l, 0u, a.x, inv);
+    put_short(g, dst, l, 1u, a.y, inv);
+    put_short(g, dst, l, 2u, a.z, inv);
+    put_short(g, dst, l, 3u, a.w, inv);
+    put_short(g, dst, l, 4u, b.x, inv);
+    put_short(g, dst, l, 5u, b.y, inv);
+    put_short(g, dst, l, 6u, b.z, inv);
+    put_short(g, dst, l, 7u, b.w, inv);
+    put_short(g, dst, l, 8u, c.x, inv);
+    put_short(g, dst, l, 9u, c.y, inv);
+    put_short(g, dst, l, 10u, c.z, inv);
+    put_short(g, dst, l, 11u, c.w, inv);
+}
+
+fn put_short(g: u32, dst: u32, l: u32, k: u32, x: f32, inv: f32) {
+    let i = l + k * WG;
+    if (i < p.n) {
+        Y[dst + i] = x * inv * weight(g, i) * p.scale;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
@@ -119,6 +163,10 @@ fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     let t = wg.y;
     let src = p.in_off + t * p.in_tstride + g * p.in_gstride;
     let dst = p.out_off + t * p.out_tstride + g * p.out_gstride;
+    if (p.n <= 12u * WG) {
+        rmsnorm_short(g, src, dst, lid.x, Lane(sg_lane, sg_id, n_sg));
+        return;
+    }
     let inv = inv_norm(block_sum(sum_sq_x(src, lid.x), Lane(sg_lane, sg_id, n_sg)));
     var i = lid.x;
     for (; i + 3u * WG < p.n; i += 4u * WG) {

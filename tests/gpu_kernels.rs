@@ -297,7 +297,15 @@ fn all_op_shaders_build() {
         ("gdn", &["gdn_conv", "gdn_recurrence"]),
         ("ple", &["ple_gate", "ple_conv"]),
         ("qsa", &["rope", "qsa_select", "qsa_attend", "qsa_merge"]),
-        ("moe", &["moe_router", "moe_combine", "moe_combine_hc"]),
+        (
+            "moe",
+            &[
+                "moe_router",
+                "moe_router_wide",
+                "moe_combine",
+                "moe_combine_hc",
+            ],
+        ),
     ];
     let mut failures = Vec::new();
     for (shader, names) in entries {
@@ -377,6 +385,31 @@ fn norms_match_cpu() {
         &want,
         1e-5,
         "grouped rmsnorm",
+    );
+    // Groups longer than the kernel keeps in registers (12 per invocation): its loop form.
+    let (lh, lg) = (3100, 2);
+    let lx = random_vec(lh * lg, 15);
+    let lw = random_vec(lh * lg, 16)
+        .iter()
+        .map(|v| 1.0 + 0.2 * v)
+        .collect::<Vec<_>>();
+    let (lxb, lwb) = (upload(&ctx, &lx), upload(&ctx, &lw));
+    let lout = GpuBuf::zeros(&ctx, "long out", lh * lg).expect("out");
+    let lspec = NormSpec {
+        weight: Some((&lwb, lh * lg)),
+        ..spec
+    };
+    let lgroups = Groups::packed(lh, lg);
+    let mut rec = Recorder::new();
+    gops::rmsnorm(&ctx, &mut rec, &lspec, &lxb, lgroups, &lout, lgroups, 1).expect("long");
+    rec.run(&ctx).expect("run");
+    let mut lwant = vec![0f32; lh * lg];
+    cpu::rmsnorm_grouped(&lx, &lw, lh, 1e-6, &mut lwant);
+    close(
+        &download(&ctx, &lout, lh * lg),
+        &lwant,
+        1e-5,
+        "long grouped rmsnorm",
     );
 
     // Per-head norm of the query half of [query | gate] rows, in place, weight shared by heads.
@@ -646,14 +679,15 @@ fn router_matches_cpu_with_ties() {
     close(&got_w, &want_w, 1e-6, "router weights");
 }
 
-/// The router with more experts than its workgroup has invocations (each invocation owns several,
-/// ties spread over invocations) against `model::ops::{softmax, top_k}`, and token invariance:
-/// 5 tokens in one dispatch give the same bits as 5 one-token dispatches; with 200 experts (3 or 4
-/// per invocation) and with 2,100 (33 or 34, more than any real router has).
+/// The router against `model::ops::{softmax, top_k}` with ties spread over invocations and
+/// subgroups, and token invariance (5 tokens in one dispatch give the same bits as 5 one-token
+/// dispatches). The register router (`moe_router`, up to 1,024 experts) with 200 experts (some
+/// subgroups hold fewer than k, some none) and 1,000 (4 per invocation); the wide router past it,
+/// with 2,100 and 5,000 (33 to 79 per invocation, more than any real router has).
 #[test]
 fn router_many_experts_is_exact_and_token_invariant() {
     let Some(ctx) = context() else { return };
-    for n_expert in [200, 2100] {
+    for n_expert in [200, 1000, 2100, 5000] {
         router_case(&ctx, n_expert);
     }
 }

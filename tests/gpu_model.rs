@@ -221,3 +221,70 @@ fn stage_check_mode_gives_the_same_bits() {
     let b = run(&normal, &ids, 7);
     assert!(bits_equal(&a, &b), "stage-checked run differs");
 }
+
+/// `strata bench --ablate 2` on the tiny model: the decode step timed again without each of the
+/// two kernels the profile ranks first (their labels, in that order), every timing positive; and
+/// `bench --synthetic small` times the empty dispatch and both router entry points.
+#[test]
+fn bench_ablation_and_small_kernels_report() {
+    if context().is_none() {
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("strata-ablate-{}.json", std::process::id()));
+    let model = fixtures().join("tiny-F16.gguf");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "--prefill", "8", "--decode", "2", "--ablate", "2"])
+        .arg("--model")
+        .arg(&model)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("spawn strata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
+    let _ = std::fs::remove_file(&json);
+    let ranked: Vec<&str> = report["decode_step_kernels"]["by_kernel"]
+        .as_array()
+        .expect("profile")
+        .iter()
+        .take(2)
+        .map(|k| k["kernel"].as_str().expect("label"))
+        .collect();
+    let ablation = &report["ablation"];
+    assert!(ablation["full_step_ms"].as_f64().expect("full step") > 0.0);
+    let rows = ablation["without"].as_array().expect("rows");
+    let labels: Vec<&str> = rows
+        .iter()
+        .map(|r| r["kernel"].as_str().expect("kernel"))
+        .collect();
+    assert_eq!(labels, ranked, "the profile's first two kernels, in order");
+    for r in rows {
+        assert!(r["step_ms"].as_f64().expect("timed") > 0.0, "{r}");
+    }
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "--synthetic", "small"])
+        .output()
+        .expect("spawn strata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let kernels: Vec<&str> = report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["kernel"].as_str().expect("kernel"))
+        .collect();
+    assert_eq!(kernels.len(), 5, "{kernels:?}");
+    assert_eq!(kernels[0], "empty dispatch");
+    assert!(kernels.iter().any(|k| k.starts_with("moe_router_wide")));
+    assert!(kernels.iter().any(|k| k.starts_with("moe_router ")));
+}

@@ -217,8 +217,22 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
         View::new(&segs[1], 0, lens[1]),
         View::new(&segs[2], 0, lens[2]),
     ];
-    let segments = Store::Segments { outs, first };
+    let segments = Store::Segments {
+        outs,
+        first,
+        silu0: None,
+    };
     kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, segments, tokens).expect("segs");
+    // The same with output 0 stored through the scaled SiLU.
+    let silu_seg = GpuBuf::zeros(ctx, "silu segment", tokens * lens[0]).expect("segment");
+    let scale = 0.25f32;
+    let silu_store = Store::Segments {
+        outs: [View::new(&silu_seg, 0, lens[0]), outs[1], outs[2]],
+        first,
+        silu0: Some(scale),
+    };
+    kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, silu_store, tokens)
+        .expect("silu segs");
     let combine = Store::Combine {
         wide: &wide_b,
         inject: &inject,
@@ -236,6 +250,20 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
                 let (g, wv) = (got[t * n + r], want[t * h + first[s] + r]);
                 assert_eq!(g.to_bits(), wv.to_bits(), "{what}: segment {s} row {r}");
             }
+        }
+    }
+    let got = silu_seg
+        .read_f32(ctx, 0, tokens * lens[0])
+        .expect("silu segment");
+    for t in 0..tokens {
+        for r in 0..lens[0] {
+            let v = want[t * h + r] * scale;
+            let silu = v / (1.0 + (-v).exp());
+            let g = got[t * lens[0] + r];
+            assert!(
+                (g - silu).abs() <= 1e-6 * silu.abs().max(1.0),
+                "{what}: SiLU segment row {r}: {g} vs {silu}"
+            );
         }
     }
     let a = wide_a.read_f32(ctx, 0, tokens * hc * h).expect("a");

@@ -240,3 +240,88 @@ fn grouped_experts_equal_per_item_bits() {
         check_case(&ctx, case);
     }
 }
+
+/// Decode's gate|up kernel with the SwiGLU in its store (`matvec_expert_glu`) against the plain
+/// per-item kernel followed by prefill's in-place SwiGLU (`prepare_x`): the same bits at rows
+/// `0..half` of every item, for split, block and float layouts, experts over several parts.
+#[test]
+fn glu_store_equals_swiglu_in_place_bits() {
+    let Some(ctx) = context() else { return };
+    for (ty, cols) in [
+        (GgmlType::IQ3_S, 256),
+        (GgmlType::Q8_0, 96),
+        (GgmlType::Q6_K, 512),
+        (GgmlType::IQ4_NL, 64),
+        (GgmlType::F16, 40),
+    ] {
+        let (n_expert, half, tokens, k) = (9usize, 32usize, 4usize, 3usize);
+        let rows = 2 * half;
+        let blocks = strata::quant::random_blocks(ty, n_expert * rows * cols / ty.block_size(), 95);
+        let row_bytes = cols / ty.block_size() * ty.type_size();
+        let w = GpuWeight::upload_with_limit(
+            &ctx,
+            "gate_up",
+            ty,
+            cols,
+            n_expert * rows,
+            rows,
+            &blocks,
+            Some(4 * rows * row_bytes),
+        )
+        .expect("upload");
+        // prepare_x takes the transform's length from the weight that reads it (the down rows).
+        let down =
+            GpuWeight::upload(&ctx, "down", GgmlType::F32, half, 1, 1, &[0u8; 128]).expect("down");
+        let ids = routing(tokens, k, n_expert, 11);
+        let items = tokens * k;
+        let idb = GpuBuf::from_u32(&ctx, "ids", &ids).expect("ids");
+        let x = GpuBuf::from_f32(&ctx, "x", &random_vec(tokens * cols, 96)).expect("x");
+        let xv = View::new(&x, 0, cols);
+        let fused = GpuBuf::zeros(&ctx, "fused", items * rows).expect("y");
+        let plain = GpuBuf::zeros(&ctx, "plain", items * rows).expect("y");
+        let mut rec = Recorder::new();
+        kernels::matvec_expert_glu(
+            &ctx,
+            &mut rec,
+            &w,
+            &idb,
+            k,
+            xv,
+            View::new(&fused, 0, rows),
+            items,
+        )
+        .expect("glu");
+        kernels::matvec_expert(
+            &ctx,
+            &mut rec,
+            &w,
+            &idb,
+            k,
+            false,
+            xv,
+            View::new(&plain, 0, rows),
+            items,
+        )
+        .expect("plain");
+        let xf = kernels::prepare_x(
+            &ctx,
+            &mut rec,
+            &down,
+            View::new(&plain, 0, rows),
+            XForm::Swiglu { half },
+            items,
+        )
+        .expect("swiglu");
+        assert_eq!(xf, XForm::Plain, "{ty:?}: the SwiGLU ran in place");
+        rec.run(&ctx).expect("run");
+        let a = download(&ctx, &fused, items * rows);
+        let b = download(&ctx, &plain, items * rows);
+        for i in 0..items {
+            let (fa, fb) = (&a[i * rows..i * rows + half], &b[i * rows..i * rows + half]);
+            // (silu of a large negative gate is an exact 0, so some zeros are right.)
+            assert!(fa.iter().all(|v| v.is_finite()), "{ty:?}: {fa:?}");
+            assert!(fa.iter().any(|v| *v != 0.0), "{ty:?}: {fa:?}");
+            assert_eq!(bits(fa), bits(fb), "{ty:?}: item {i}");
+        }
+    }
+}

@@ -34,8 +34,9 @@ pub struct Args {
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
     /// Synthetic benchmark instead of a model: `matvec` (per-quant mat-vec roofline at the real
-    /// model's shapes) or `full` (a random model of the real widths, `--layers` and
-    /// `--routed-experts` deep, run like `--model`).
+    /// model's shapes), `small` (what an empty dependent dispatch and the MoE router cost inside
+    /// a pass) or `full` (a random model of the real widths, `--layers` and `--routed-experts`
+    /// deep, run like `--model`).
     #[arg(long)]
     pub synthetic: Option<String>,
     /// Quant types for `--synthetic matvec` (comma-separated, default: all GPU types); for
@@ -69,6 +70,11 @@ pub struct Args {
     /// Context cap per sequence (0 = longest prompt + decode).
     #[arg(long, default_value_t = 0)]
     pub ctx: usize,
+    /// After the decode profile, time decode again with each of the N kernels that take the most
+    /// GPU time left out (results wrong, speed real): what each costs inside the pipeline, where
+    /// per-dispatch timestamps add their own overhead. 16 tokens per kernel.
+    #[arg(long, default_value_t = 0)]
+    pub ablate: usize,
     /// Write the JSON report here as well as printing it.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -81,12 +87,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let report = match args.synthetic.as_deref() {
         Some("matvec") => bench_matvec(&args)?,
+        Some("small") => bench_small()?,
         Some("full") => {
             let gguf = synthetic_full(&args)?;
             bench_model(&args, Some(Arc::new(gguf)))?
         }
         Some(other) => {
-            anyhow::bail!("unknown synthetic benchmark {other:?} (expected matvec or full)")
+            anyhow::bail!("unknown synthetic benchmark {other:?} (expected matvec, small or full)")
         }
         None => bench_model(&args, None)?,
     };
@@ -301,6 +308,59 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
         "streaming_read_gbps": read.gbps,
         "streaming_read_timing": read.timing,
         "results": table,
+    }))
+}
+
+/// What a small single-workgroup kernel costs inside a pass: 100 dependent dispatches of it
+/// (each writes what the next reads, so each waits for the one before), host wall per dispatch,
+/// best of 5, less the submit overhead. An empty dispatch gives the floor; then each router entry
+/// point at the real model's 512 experts choosing 10 for one token.
+fn bench_small() -> anyhow::Result<serde_json::Value> {
+    const N: usize = 100;
+    let ctx = gpu_context()?;
+    let overhead = submit_overhead_seconds(&ctx)?;
+    let per_dispatch = |rec: &Recorder| -> anyhow::Result<f64> {
+        Ok((best_wall_seconds(&ctx, rec, 5)? - overhead) / N as f64 * 1e6)
+    };
+    let mut rows = Vec::new();
+    let src = GpuBuf::zeros(&ctx, "probe", 4)?;
+    let out = GpuBuf::zeros(&ctx, "probe out", 256)?;
+    let mut rec = Recorder::new();
+    for _ in 0..N {
+        rec.push(
+            &ctx,
+            &PipelineKey::new("read", "read_stream"),
+            &[(0, &src.buffer), (1, &out.buffer)],
+            bytemuck::bytes_of(&0u32),
+            [1, 1, 1],
+        )?;
+    }
+    rows.push(("empty dispatch".to_string(), per_dispatch(&rec)?));
+    let n_expert = 512;
+    let logits: Vec<f32> = (0..n_expert)
+        .map(|i| ((i * 37) % 101) as f32 * 0.01)
+        .collect();
+    let entries = ["moe_router_wide", "moe_router"];
+    for (entry, k) in entries.iter().flat_map(|e| [(*e, 1), (*e, 10)]) {
+        let lb = GpuBuf::from_f32(&ctx, "logits", &logits)?;
+        let ids = GpuBuf::zeros(&ctx, "ids", k)?;
+        let wts = GpuBuf::zeros(&ctx, "wts", k)?;
+        let mut rec = Recorder::new();
+        for _ in 0..N {
+            crate::gpu::ops::moe_router_entry(
+                &ctx, &mut rec, entry, &lb, &ids, &wts, n_expert, k, 1,
+            )?;
+        }
+        rec.run(&ctx)?;
+        rows.push((format!("{entry} {n_expert}/{k}"), per_dispatch(&rec)?));
+    }
+    for (what, us) in &rows {
+        eprintln!("{what:<32} {us:>8.2} us per dispatch");
+    }
+    Ok(serde_json::json!({
+        "benchmark": "small",
+        "timing": "host wall of 100 dependent dispatches in one pass, best of 5, less the submit overhead",
+        "results": rows.iter().map(|(w, us)| serde_json::json!({"kernel": w, "us": us})).collect::<Vec<_>>(),
     }))
 }
 
@@ -540,8 +600,9 @@ fn bench_model(
         None => open_gguf(args.model.as_deref())?,
     };
     let model_ctx = crate::model::config::Config::from_gguf(&gguf)?.context_length;
+    let ablate_tokens = (args.ablate + 2) * ABLATE_STEPS;
     let ctx_len = if args.ctx == 0 {
-        (longest.max(shortest + args.decode) + 1).min(model_ctx)
+        (longest.max(shortest + args.decode.max(ablate_tokens)) + 1).min(model_ctx)
     } else {
         args.ctx
     };
@@ -616,6 +677,12 @@ fn bench_model(
     let kernels = match &gpu_backend {
         Some(b) => Some(profile_decode_step(b, &tokens[..shortest + 1])?),
         None => None,
+    };
+    let ablation = match (&gpu_backend, &kernels) {
+        (Some(b), Some(k)) if args.ablate > 0 => {
+            Some(ablate(b, &tokens[..shortest], k, args.ablate)?)
+        }
+        _ => None,
     };
     // One full prefill chunk of the longest prompt.
     let prefill_kernels = match &gpu_backend {
@@ -706,7 +773,87 @@ fn bench_model(
         "fraction_of_streaming_read": achieved.zip(read_gbps).map(|(a, r)| a / r),
         "decode_step_kernels": kernels,
         "prefill_chunk_kernels": prefill_kernels,
+        "ablation": ablation,
     }))
+}
+
+const ABLATE_STEPS: usize = 16;
+
+/// Median decode step (host wall) with each of the `n` costliest kernels of `profile` left out in
+/// turn, after `prompt`, with the full step timed before and after them (see `Args::ablate`).
+fn ablate(
+    backend: &Arc<GpuBackend>,
+    prompt: &[u32],
+    profile: &serde_json::Value,
+    n: usize,
+) -> anyhow::Result<serde_json::Value> {
+    use crate::engine::Sequence as _;
+    let labels: Vec<String> = profile["by_kernel"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .take(n)
+                .filter_map(|k| k["kernel"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let vocab = backend.info().vocab_size;
+    let feed = bench_tokens(ABLATE_STEPS * (labels.len() + 2), vocab);
+    let mut seq = backend.sequence()?;
+    seq.feed(prompt, false)?;
+    let mut runs: Vec<(Option<String>, Result<f64, String>)> = Vec::new();
+    let mut sets: Vec<Option<String>> = vec![None];
+    sets.extend(labels.into_iter().map(Some));
+    sets.push(None);
+    for (i, label) in sets.into_iter().enumerate() {
+        crate::gpu::kernels::set_ablated(label.as_deref());
+        let mut steps = Vec::with_capacity(ABLATE_STEPS);
+        let mut failed = None;
+        for &t in &feed[i * ABLATE_STEPS..(i + 1) * ABLATE_STEPS] {
+            let start = Instant::now();
+            if let Err(e) = seq.feed(&[t], false) {
+                failed = Some(e.to_string());
+                break;
+            }
+            steps.push(start.elapsed().as_secs_f64());
+        }
+        crate::gpu::kernels::set_ablated(None);
+        if failed.is_some() {
+            // A left-out kernel may leave values a check rejects: start over, untimed.
+            seq = backend.sequence()?;
+            seq.feed(prompt, false)?;
+        }
+        steps.sort_by(f64::total_cmp);
+        let median = steps.get(steps.len() / 2).copied();
+        runs.push((label, failed.map_or(median.ok_or_else(String::new), Err)));
+    }
+    let base = match (&runs[0].1, &runs[runs.len() - 1].1) {
+        (Ok(a), Ok(b)) => (a + b) / 2.0,
+        _ => anyhow::bail!("ablation: the full decode step failed"),
+    };
+    eprintln!(
+        "ablation: full step {:.3} ms (median of {ABLATE_STEPS}, before and after)",
+        base * 1e3
+    );
+    let mut rows = Vec::new();
+    for (label, r) in runs.iter().filter_map(|(l, r)| l.as_ref().map(|l| (l, r))) {
+        match r {
+            Ok(ms) => {
+                eprintln!(
+                    "  without {label:<32} {:>8.3} ms  saves {:>7.3} ms",
+                    ms * 1e3,
+                    (base - ms) * 1e3
+                );
+                rows.push(serde_json::json!({"kernel": label, "step_ms": ms * 1e3,
+                    "saved_ms": (base - ms) * 1e3}));
+            }
+            Err(e) => {
+                eprintln!("  without {label:<32} failed: {e}");
+                rows.push(serde_json::json!({"kernel": label, "error": e}));
+            }
+        }
+    }
+    Ok(serde_json::json!({"full_step_ms": base * 1e3, "without": rows}))
 }
 
 /// `layer:rate%` for every layer the expert cache was asked for.

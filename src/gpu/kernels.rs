@@ -3,7 +3,7 @@
 //! dependent dispatches), so a whole token is one pass and one submission.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use super::buffers::GpuBuf;
 use super::pipelines::PipelineKey;
@@ -22,6 +22,18 @@ pub struct Dispatch {
 /// tokens: a token of the real model has ~1700 dispatches, and building their bind groups anew each
 /// time would cost more host time than the GPU spends.
 pub type BindGroupCache = HashMap<(usize, Vec<(u32, wgpu::Buffer)>), wgpu::BindGroup>;
+
+/// Dispatches of this label are left out of every encoded pass (`strata bench --ablate`): a
+/// measurement of what one kind of kernel costs inside the real pipeline. Results are wrong while
+/// it is set; nothing but the bench sets it.
+static ABLATED: RwLock<Option<String>> = RwLock::new(None);
+
+/// Leave out (Some) or restore (None) the dispatches labelled `label` (see [`ABLATED`]).
+pub fn set_ablated(label: Option<&str>) {
+    if let Ok(mut slot) = ABLATED.write() {
+        *slot = label.map(str::to_string);
+    }
+}
 
 /// An ordered list of dispatches that becomes one compute pass.
 #[derive(Default)]
@@ -69,7 +81,11 @@ impl Recorder {
         if let Some(q) = timestamps {
             pass.write_timestamp(q, 0);
         }
+        let ablated = ABLATED.read().ok().and_then(|a| a.clone());
         for (i, d) in self.dispatches.iter().enumerate() {
+            if ablated.as_deref() == Some(d.label.as_str()) && timestamps.is_none() {
+                continue;
+            }
             pass.set_pipeline(&d.pipeline);
             pass.set_bind_group(0, &d.bind_group, &[]);
             if !d.immediates.is_empty() {
@@ -293,6 +309,6 @@ impl<'a> View<'a> {
 }
 
 pub use super::matvec::{
-    Store, XForm, can_moe_combine, get_rows, matvec, matvec_expert, matvec_expert_with,
-    matvec_group, matvec_with, prepare_x,
+    Store, XForm, can_moe_combine, get_rows, matvec, matvec_expert, matvec_expert_glu,
+    matvec_expert_with, matvec_group, matvec_with, prepare_x,
 };

@@ -89,6 +89,9 @@ pub enum Store<'a> {
     Segments {
         outs: [View<'a>; 3],
         first: [usize; 3],
+        /// `Some(scale)`: output 0 holds `silu(y * scale)`, what [`prepare_x`] with
+        /// [`XForm::SiluScale`] would leave there (the same bits), so its reader takes it plainly.
+        silu0: Option<f32>,
     },
     /// The rows are the `hc` streams' gates (row `s * h + i`): `out[i] = (1/hc) Σ_s
     /// sigmoid(gate[s*h+i]) * normed[s*h+i]`, `normed` holding `hc * h` floats per vector.
@@ -373,6 +376,7 @@ pub fn matvec_with(
             let mut params = base_params(w, part, x, xform, items)?;
             let mut b = bindings(w, part, &grid);
             b.push((1, &*x.buf.buffer));
+            let mut y0_mode = 0;
             let (entry, per_sg, groups) = match store {
                 Store::Rows(y) => {
                     y.check(items, w.n_rows, &format!("matvec {} output", w.name))?;
@@ -382,8 +386,12 @@ pub fn matvec_with(
                     let per_sg = rows_for_tile(w, w.n_rows, tile);
                     ("matvec", per_sg, part.n_rows.div_ceil(per_sg))
                 }
-                Store::Segments { outs, first } => {
+                Store::Segments { outs, first, silu0 } => {
                     segment_params(w, &mut params, outs, first, items)?;
+                    if let Some(scale) = silu0 {
+                        params.x_scale = scale;
+                        y0_mode = 2;
+                    }
                     b.push((2, &*outs[0].buf.buffer));
                     b.push((6, &*outs[1].buf.buffer));
                     b.push((7, &*outs[2].buf.buffer));
@@ -457,7 +465,8 @@ pub fn matvec_with(
             rec.push(
                 ctx,
                 &key(w, any_length(w, x, xform), entry, per_sg, tile, xform)
-                    .constant("KSPLIT", split as f64),
+                    .constant("KSPLIT", split as f64)
+                    .constant("Y0_MODE", y0_mode as f64),
                 &b,
                 bytemuck::bytes_of(&params),
                 [gx, gy, gz],
@@ -654,6 +663,66 @@ pub fn matvec_expert_with(
                 per_sg,
                 1,
                 xform,
+            ),
+            &b,
+            bytemuck::bytes_of(&params),
+            [gx, gy, gz],
+        )?;
+    }
+    Ok(())
+}
+
+/// [`matvec_expert`] of a fused gate|up weight (each expert's `2h` rows: gate, then up) storing
+/// `silu(gate) * up` at rows `0..h` of each item's output (`matvec.wgsl`'s `matvec_expert_glu`):
+/// what [`prepare_x`]'s SwiGLU would leave there, with the same bits, so the down projection
+/// reads it with [`XForm::Plain`]. Rows `h..2h` of the output are left as they were.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_expert_glu(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    ids: &GpuBuf,
+    slots: usize,
+    x: View,
+    y: View,
+    items: usize,
+) -> Result<(), GpuError> {
+    if slots == 0 || !items.is_multiple_of(slots) || ids.len < items {
+        return Err(GpuError::BadArgs(format!(
+            "expert matvec {}: {items} items, {slots} slots, {} ids",
+            w.name, ids.len
+        )));
+    }
+    if !w.rows_per_unit.is_multiple_of(2) {
+        return Err(GpuError::BadArgs(format!(
+            "gate|up experts {}: {} rows per expert is not a gate and an up half",
+            w.name, w.rows_per_unit
+        )));
+    }
+    let half = w.rows_per_unit / 2;
+    check_input(w, x, XForm::Plain, items / slots)?;
+    y.check(items, half, &format!("expert matvec {} output", w.name))?;
+    let sg = subgroup_size(ctx);
+    let per_wg = (wg_size() / sg).max(1);
+    let (gy, gz) = item_grid(items);
+    let grid = ctx.grid_buffer(w.ty)?;
+    for part in &w.parts {
+        let mut params = expert_params(w, part, x, XForm::Plain, y, items, slots, false, per_wg)?;
+        params.h = to_u32(half, "half")?;
+        let mut b = bindings(w, part, &grid);
+        b.push((1, &*x.buf.buffer));
+        b.push((2, &*y.buf.buffer));
+        b.push((3, &*ids.buffer));
+        let gx = to_u32(half.div_ceil(per_wg), "grid x")?;
+        rec.push(
+            ctx,
+            &key(
+                w,
+                any_length(w, x, XForm::Plain),
+                "matvec_expert_glu",
+                2,
+                1,
+                XForm::Plain,
             ),
             &b,
             bytemuck::bytes_of(&params),

@@ -801,11 +801,39 @@ pub fn qsa_attend(
     )
 }
 
+/// The router entry point for `n_expert` experts choosing `k`: the register router (`moe.wgsl`'s
+/// `moe_router`) up to 1,024 experts (4 per invocation) and k up to 16 (its candidate room), else
+/// the wide one. Chosen from the shape alone, so every run of a model takes the same one.
+pub fn router_entry(n_expert: usize, k: usize) -> &'static str {
+    if n_expert <= 1024 && k <= 16 {
+        "moe_router"
+    } else {
+        "moe_router_wide"
+    }
+}
+
 /// Softmax router with top-k (in place on the logits).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_router(
     ctx: &GpuContext,
     rec: &mut Recorder,
+    logits: &GpuBuf,
+    ids: &GpuBuf,
+    weights: &GpuBuf,
+    n_expert: usize,
+    k: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let entry = router_entry(n_expert, k);
+    moe_router_entry(ctx, rec, entry, logits, ids, weights, n_expert, k, tokens)
+}
+
+/// [`moe_router`] through a given entry point of [`router_entry`]'s (the bench times each).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_router_entry(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    entry: &'static str,
     logits: &GpuBuf,
     ids: &GpuBuf,
     weights: &GpuBuf,
@@ -823,7 +851,7 @@ pub fn moe_router(
     need(weights, tokens * k, "router weights")?;
     rec.push(
         ctx,
-        &PipelineKey::new("moe", "moe_router"),
+        &PipelineKey::new("moe", entry),
         &[
             (0, &*logits.buffer),
             (1, &*ids.buffer),

@@ -133,6 +133,21 @@ impl MultiProj {
         outs: &[View],
         t: usize,
     ) -> Result<(), GpuError> {
+        self.record_silu0(ctx, rec, x, outs, t, None).map(|_| ())
+    }
+
+    /// [`Self::record`], with group 0 stored as `silu(y * scale)` when `silu0` is `Some(scale)`
+    /// and the matrices are joined ([`Store::Segments`]'s `silu0`). Returns whether it was: if
+    /// not, group 0 holds `y` and the caller transforms it.
+    pub fn record_silu0(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recorder,
+        x: View,
+        outs: &[View],
+        t: usize,
+        silu0: Option<f32>,
+    ) -> Result<bool, GpuError> {
         if outs.len() != self.group_rows.len() {
             return Err(GpuError::BadArgs(format!(
                 "projection of {} groups given {} outputs",
@@ -146,14 +161,16 @@ impl MultiProj {
             let store = Store::Segments {
                 outs: [pick(0), pick(1), pick(2)],
                 first: [0, self.rows(0), self.rows(0) + self.rows(1)],
+                silu0,
             };
-            return matvec::matvec_with(ctx, rec, w, x, XForm::Plain, store, t);
+            matvec::matvec_with(ctx, rec, w, x, XForm::Plain, store, t)?;
+            return Ok(silu0.is_some());
         }
         for (g, row, w) in &self.separate {
             let out = outs[*g];
             let y = View::new(out.buf, out.offset + row, out.stride);
             matvec::matvec(ctx, rec, w, x, y, t)?;
         }
-        Ok(())
+        Ok(false)
     }
 }

@@ -13,8 +13,9 @@ impl GpuSequence {
     }
 
     /// The hyper-connection mix (model-spec 2.4): `x_in` and, with an injection, `inject`.
-    /// Three dispatches: the grouped norm; down projection and injection logits together; the up
-    /// projection with the SiLU on its input and the stream mix in its store.
+    /// Three dispatches: the grouped norm; down projection and injection logits together, the
+    /// SiLU of the low-rank values in its store; the up projection with the stream mix in its
+    /// store.
     pub(super) fn hc_mix(&self, rec: &mut Recorder, w: &HcGpu, t: usize) -> Result<(), GpuError> {
         let b = &self.backend;
         let c = &*b.ctx;
@@ -38,10 +39,21 @@ impl GpuSequence {
         if w.has_inject {
             outs.push(View::new(&s.inject, 0, hc));
         }
-        w.down_inject
-            .record(c, rec, View::new(&s.normed, 0, wide), &outs, t)?;
+        let scale = 1.0 / hc as f32;
+        let in_store = w.down_inject.record_silu0(
+            c,
+            rec,
+            View::new(&s.normed, 0, wide),
+            &outs,
+            t,
+            Some(scale),
+        )?;
         let x = View::new(&s.low, 0, r);
-        let silu = kernels::prepare_x(c, rec, &w.up, x, XForm::SiluScale(1.0 / hc as f32), t)?;
+        let silu = if in_store {
+            XForm::Plain
+        } else {
+            kernels::prepare_x(c, rec, &w.up, x, XForm::SiluScale(scale), t)?
+        };
         if hc <= 4 && w.up.parts.len() == 1 {
             let store = Store::Mix {
                 out: View::new(&s.x_in, 0, h),

@@ -54,15 +54,16 @@ impl GpuSequence {
         let items = tokens.len() * k;
         let x = View::new(&s.x_in, tokens.start * h, h);
         let gu = |offset: usize| View::new(&s.expert_gu, offset, 2 * f);
-        let down = match experts {
+        let (down, xform) = match experts {
             ExpertWeights::Fused { gate_up, down } => {
-                kernels::matvec_expert(c, rec, gate_up, ids, k, false, x, gu(0), items)?;
-                down
+                // SwiGLU in the gate|up store: the down projection reads plain values.
+                kernels::matvec_expert_glu(c, rec, gate_up, ids, k, x, gu(0), items)?;
+                (down, XForm::Plain)
             }
             ExpertWeights::Split { gate, up, down } => {
                 kernels::matvec_expert(c, rec, gate, ids, k, false, x, gu(0), items)?;
                 kernels::matvec_expert(c, rec, up, ids, k, false, x, gu(f), items)?;
-                down
+                (down, XForm::Swiglu { half: f })
             }
         };
         kernels::matvec_expert_with(
@@ -73,7 +74,7 @@ impl GpuSequence {
             k,
             true,
             gu(0),
-            XForm::Swiglu { half: f },
+            xform,
             View::new(&s.expert_down, tokens.start * k * h, h),
             items,
         )
