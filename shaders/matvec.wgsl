@@ -462,6 +462,24 @@ fn matvec_moe_combine(@builtin(workgroup_id) wg: vec3<u32>,
     }
 }
 
+// The item of an expert-mode workgroup (grid y, then z beyond 65535) and the first row of its
+// expert in this part; not live past the items or when the expert is stored in another part.
+struct ExpertItem {
+    item: u32,
+    first_row: u32,
+    live: bool,
+}
+
+fn expert_item(wg: vec3<u32>) -> ExpertItem {
+    let item = wg.y + wg.z * 65535u;
+    if (item >= p.items) {
+        return ExpertItem(item, 0u, false);
+    }
+    let expert = IDS[item];
+    let live = expert >= p.expert_first && expert < p.expert_first + p.expert_count;
+    return ExpertItem(item, (expert - p.expert_first) * p.rows, live);
+}
+
 @compute @workgroup_size(WG)
 fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32,
@@ -471,21 +489,14 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
                  @builtin(subgroup_size) sg_size: u32) {
     prologue(lid);
     workgroupBarrier();
-    let item = wg.y + wg.z * 65535u;
-    if (item >= p.items) {
+    let it = expert_item(wg);
+    if (!it.live) {
         return;
     }
-    let expert = IDS[item];
-    if (expert < p.expert_first || expert >= p.expert_first + p.expert_count) {
-        return;
-    }
-    var x_index = item;
-    if (p.x_per_item == 0u) {
-        x_index = item / p.slots;
-    }
-    let x_base = p.x_offset + x_index * p.x_stride;
+    let item = it.item;
+    let x_base = item_x(item);
     XS = vec4<u32>(0u);
-    let first_row = (expert - p.expert_first) * p.rows;
+    let first_row = it.first_row;
     for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
         let row = wg.x * p.rows_per_wg * ROWS + r;
         if (row >= p.rows) {
@@ -516,17 +527,14 @@ fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
                      @builtin(subgroup_size) sg_size: u32) {
     prologue(lid);
     workgroupBarrier();
-    let item = wg.y + wg.z * 65535u;
-    if (item >= p.items) {
+    let it = expert_item(wg);
+    if (!it.live) {
         return;
     }
-    let expert = IDS[item];
-    if (expert < p.expert_first || expert >= p.expert_first + p.expert_count) {
-        return;
-    }
+    let item = it.item;
     let x_base = item_x(item);
     XS = vec4<u32>(0u);
-    let first_row = (expert - p.expert_first) * p.rows;
+    let first_row = it.first_row;
     for (var r = sg_id; r < p.rows_per_wg; r += n_sg) {
         let j = wg.x * p.rows_per_wg + r;
         if (j >= p.h) {

@@ -586,6 +586,22 @@ fn expert_params(
     Ok(params)
 }
 
+/// Items are whole tokens of `slots` items each, with an expert id each in `ids`.
+fn check_expert_items(
+    w: &GpuWeight,
+    ids: &GpuBuf,
+    slots: usize,
+    items: usize,
+) -> Result<(), GpuError> {
+    if slots == 0 || !items.is_multiple_of(slots) || ids.len < items {
+        return Err(GpuError::BadArgs(format!(
+            "expert matvec {}: {items} items, {slots} slots, {} ids",
+            w.name, ids.len
+        )));
+    }
+    Ok(())
+}
+
 /// Expert mat-vec: for item i (= token * slots + slot), y[i] = W_{ids[i]} . x, where x is
 /// x[i] when `x_per_item`, else x[i / slots]. `ids` lives on the GPU (written by the router).
 #[allow(clippy::too_many_arguments)]
@@ -628,12 +644,7 @@ pub fn matvec_expert_with(
     y: View,
     items: usize,
 ) -> Result<(), GpuError> {
-    if slots == 0 || !items.is_multiple_of(slots) || ids.len < items {
-        return Err(GpuError::BadArgs(format!(
-            "expert matvec {}: {items} items, {slots} slots, {} ids",
-            w.name, ids.len
-        )));
-    }
+    check_expert_items(w, ids, slots, items)?;
     let x_count = if x_per_item { items } else { items / slots };
     check_input(w, x, xform, x_count)?;
     y.check(
@@ -687,12 +698,7 @@ pub fn matvec_expert_glu(
     y: View,
     items: usize,
 ) -> Result<(), GpuError> {
-    if slots == 0 || !items.is_multiple_of(slots) || ids.len < items {
-        return Err(GpuError::BadArgs(format!(
-            "expert matvec {}: {items} items, {slots} slots, {} ids",
-            w.name, ids.len
-        )));
-    }
+    check_expert_items(w, ids, slots, items)?;
     if !w.rows_per_unit.is_multiple_of(2) {
         return Err(GpuError::BadArgs(format!(
             "gate|up experts {}: {} rows per expert is not a gate and an up half",
