@@ -71,8 +71,8 @@ struct Ranked {
 
 // Per-subgroup winners of a top-k round, two rounds' worth (by parity: a round's slots are
 // rewritten two rounds later, after every invocation has passed the round in between).
-var<workgroup> sg_best_v: array<f32, 2u * RT_WG>;
-var<workgroup> sg_best_e: array<u32, 2u * RT_WG>;
+var<workgroup> sg_best_v: array<f32, 2u * ROUTER_WG>;
+var<workgroup> sg_best_e: array<u32, 2u * ROUTER_WG>;
 
 // The best-ranked (value, id) over the workgroup: each subgroup's best by subgroupMax of the
 // value and subgroupMin of the ids holding it (both exact), then the subgroups' winners in a
@@ -87,7 +87,7 @@ fn workgroup_best(v: f32, e: u32, lane_sg: vec3<u32>, parity: u32) -> Ranked {
     let key = select(-1.0, v, valid);
     let m = subgroupMax(key);
     let id = subgroupMin(select(NO_EXPERT, e, valid && key == m));
-    let slot = parity * RT_WG;
+    let slot = parity * ROUTER_WG;
     if (lane == 0u) {
         sg_best_v[slot + sg_id] = m;
         sg_best_e[slot + sg_id] = id;
@@ -120,9 +120,11 @@ var<workgroup> cand_v: array<f32, RT_CAND>;
 var<workgroup> cand_e: array<u32, RT_CAND>;
 // The workgroup's total of one value per invocation (max when `is_max`), as described above.
 fn rt_reduce(v: f32, is_max: bool, sg_id: u32, n_sg: u32, lane: u32) -> f32 {
-    var s = subgroupAdd(v);
+    var s: f32;
     if (is_max) {
         s = subgroupMax(v);
+    } else {
+        s = subgroupAdd(v);
     }
     if (lane == 0u) {
         rt_part[sg_id] = s;

@@ -824,8 +824,11 @@ fn ablate(
             seq.feed(prompt, false)?;
         }
         steps.sort_by(f64::total_cmp);
-        let median = steps.get(steps.len() / 2).copied();
-        runs.push((label, failed.map_or(median.ok_or_else(String::new), Err)));
+        let timed = match failed {
+            Some(e) => Err(e),
+            None => Ok(steps[steps.len() / 2]),
+        };
+        runs.push((label, timed));
     }
     let base = match (&runs[0].1, &runs[runs.len() - 1].1) {
         (Ok(a), Ok(b)) => (a + b) / 2.0,

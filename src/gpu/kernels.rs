@@ -81,9 +81,10 @@ impl Recorder {
         if let Some(q) = timestamps {
             pass.write_timestamp(q, 0);
         }
-        let ablated = ABLATED.read().ok().and_then(|a| a.clone());
+        let guard = ABLATED.read().ok();
+        let ablated = guard.as_ref().and_then(|a| a.as_deref());
         for (i, d) in self.dispatches.iter().enumerate() {
-            if ablated.as_deref() == Some(d.label.as_str()) && timestamps.is_none() {
+            if ablated == Some(d.label.as_str()) && timestamps.is_none() {
                 continue;
             }
             pass.set_pipeline(&d.pipeline);
