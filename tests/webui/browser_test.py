@@ -125,13 +125,17 @@ def streamed_so_far(driver):
     return len(content) + len(reasoning) if status == "generating…" else 0
 
 
-def set_max_tokens(driver, n):
+def set_field(driver, name, value):
     settings = driver.find_element(By.ID, "settings")
     if not settings.get_attribute("open"):
         settings.find_element(By.TAG_NAME, "summary").click()
-    field = driver.find_element(By.ID, "set-max_tokens")
+    field = driver.find_element(By.ID, "set-" + name)
     field.clear()
-    field.send_keys(str(n))
+    field.send_keys(str(value))
+
+
+def set_max_tokens(driver, n):
+    set_field(driver, "max_tokens", n)
 
 
 def send(driver, text):
@@ -194,6 +198,9 @@ class Suite:
 
     def chat_streams_a_reply(self):
         d = self.driver
+        # Greedy decoding makes the conversation the same on every run: sampled, the demo model
+        # sometimes ends the long story of the next check before Stop can be clicked.
+        set_field(d, "temperature", 0)
         set_max_tokens(d, 24)
         send(d, "Hello there")
         wait_for(d, lambda d: reply_state(d)[0].startswith("finished"),
