@@ -5,6 +5,11 @@
 //   moe_group:  the chunk's (token, slot) items grouped by expert for prefill: GROUPS[e] = how many
 //               items chose expert e, their item indices (token * k + slot) in ascending order from
 //               GROUPS[n_expert + e * tokens]. Integer prefix sums only: one fixed result.
+//   moe_split_ids: the items' experts split between a layer's VRAM copy of its hot experts and
+//               the full tensor in host memory: HOT[i] = MAP[map_offset + IDS[i]] (the expert's
+//               slot, or NO_EXPERT), COLD[i] = IDS[i] when it has no slot, else NO_EXPERT. The
+//               expert kernels skip NO_EXPERT items, so each item is computed from one place.
+//               LOG[log_offset + i] = IDS[i] keeps the layer's choices for the host.
 //   moe_combine: Y[t, i] = sum_slot W[t,slot] * D[t*k+slot, i]  (slots in order)
 //                          + sigmoid(SG[t]) * SH[t, i]          (shared expert, when present)
 //   moe_combine_hc: the same sum added into the wide residual as hc.wgsl's hc_combine does:
@@ -408,4 +413,27 @@ fn moe_group(@builtin(workgroup_id) wg: vec3<u32>,
     if (lid == 0u) {
         GROUPS[e] = total;
     }
+}
+
+// moe_split_ids (see the header): p.tokens = items, p.n_expert = experts per layer, p.k = the
+// layer's offset in MAP, p.h = the offset in LOG.
+@group(0) @binding(10) var<storage, read> MAP: array<u32>;
+@group(0) @binding(11) var<storage, read_write> HOT: array<u32>;
+@group(0) @binding(12) var<storage, read_write> COLD: array<u32>;
+@group(0) @binding(13) var<storage, read_write> LOG: array<u32>;
+
+@compute @workgroup_size(ROUTER_WG)
+fn moe_split_ids(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= p.tokens) {
+        return;
+    }
+    let e = IDS[i];
+    var slot = NO_EXPERT;
+    if (e < p.n_expert) {
+        slot = MAP[p.k + e];
+    }
+    HOT[i] = slot;
+    COLD[i] = select(NO_EXPERT, e, slot == NO_EXPERT);
+    LOG[p.h + i] = e;
 }

@@ -58,6 +58,77 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
+/// `moe_split_ids` against its CPU twin: each item goes to the hot unit its expert maps to, or
+/// to the host tensor, never both (an out-of-range id to neither); the log holds the choices at
+/// its offset; nothing past the items is written.
+#[test]
+fn moe_split_ids_sends_each_item_to_one_source() {
+    let Some(ctx) = context() else { return };
+    const NONE: u32 = u32::MAX;
+    for (items, n_expert, layers) in [(1, 4, 1), (10, 16, 3), (130, 40, 2), (333, 512, 2)] {
+        let mut s = 99 + items as u64;
+        let mut ids: Vec<u32> = (0..items)
+            .map(|_| (xorshift(&mut s) % n_expert as u64) as u32)
+            .collect();
+        ids[0] = n_expert as u32 + 5; // out of range: from nowhere
+        let map: Vec<u32> = (0..layers * n_expert)
+            .map(|i| {
+                if xorshift(&mut s).is_multiple_of(3) {
+                    (i % 7) as u32
+                } else {
+                    NONE
+                }
+            })
+            .collect();
+        let layer = layers - 1;
+        let idb = GpuBuf::from_u32(&ctx, "ids", &ids).expect("ids");
+        let mapb = GpuBuf::from_u32(&ctx, "map", &map).expect("map");
+        let sentinel = vec![7u32; items + 3];
+        let hot = GpuBuf::from_u32(&ctx, "hot", &sentinel).expect("hot");
+        let cold = GpuBuf::from_u32(&ctx, "cold", &sentinel).expect("cold");
+        let log = GpuBuf::from_u32(&ctx, "log", &vec![7u32; 2 * items + 3]).expect("log");
+        let mut rec = Recorder::new();
+        ops::moe_split_ids(
+            &ctx,
+            &mut rec,
+            &idb,
+            (&mapb, layer * n_expert),
+            n_expert,
+            (&hot, &cold),
+            (&log, items),
+            items,
+        )
+        .expect("split");
+        rec.run(&ctx).expect("run");
+        let got_hot = hot.read_u32(&ctx, 0, items + 3).expect("read hot");
+        let got_cold = cold.read_u32(&ctx, 0, items + 3).expect("read cold");
+        for i in 0..items {
+            let e = ids[i];
+            let slot = if (e as usize) < n_expert {
+                map[layer * n_expert + e as usize]
+            } else {
+                NONE
+            };
+            let want_cold = if slot == NONE { e } else { NONE };
+            assert_eq!(got_hot[i], slot, "items {items}: hot of item {i}");
+            assert_eq!(got_cold[i], want_cold, "items {items}: cold of item {i}");
+        }
+        assert_eq!(&got_hot[items..], &[7, 7, 7], "past the items");
+        assert_eq!(&got_cold[items..], &[7, 7, 7], "past the items");
+        let got_log = log.read_u32(&ctx, 0, 2 * items + 3).expect("read log");
+        assert!(
+            got_log[..items].iter().all(|&v| v == 7),
+            "before the offset"
+        );
+        assert_eq!(
+            &got_log[items..2 * items],
+            &ids[..],
+            "the log holds the choices"
+        );
+        assert_eq!(&got_log[2 * items..], &[7, 7, 7], "past the log");
+    }
+}
+
 #[test]
 fn moe_group_lists_items_by_expert_in_order() {
     let Some(ctx) = context() else { return };

@@ -67,6 +67,15 @@ fn context() -> Option<Arc<GpuContext>> {
     }
 }
 
+/// The slot path (`--experts mmap`): experts beyond the budget in VRAM slots fed from the file.
+/// (The default, `auto`, reads them in place from pinned host memory where the adapter can.)
+fn slot_tiers() -> TierArgs {
+    TierArgs {
+        experts: ExpertsArg::Mmap,
+        ..TierArgs::default()
+    }
+}
+
 fn open(path: &Path) -> Arc<Gguf> {
     Arc::new(Gguf::open(path).unwrap_or_else(|e| panic!("{} opens: {e}", path.display())))
 }
@@ -140,7 +149,7 @@ fn f16_logits_are_bit_identical_with_minimum_slots() {
     let (_, _, top_k) = budget_for_slots(&ctx, &path, 0);
     let tiers = TierArgs {
         vram_budget: Some(budget_for_slots(&ctx, &path, top_k).0),
-        ..TierArgs::default()
+        ..slot_tiers()
     };
     let tiered = load(&ctx, &path, &tiers).expect("tiered load");
     assert_eq!(tiered.expert_slots(), Some(top_k as usize));
@@ -170,7 +179,7 @@ fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
             "budget for a few experts",
             TierArgs {
                 vram_budget: Some(budget_for_slots(ctx, path, few).0),
-                ..TierArgs::default()
+                ..slot_tiers()
             },
             Some(few),
         ),
@@ -178,7 +187,7 @@ fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
             "minimum budget (top-k slots)",
             TierArgs {
                 vram_budget: Some(budget_for_slots(ctx, path, top_k).0),
-                ..TierArgs::default()
+                ..slot_tiers()
             },
             Some(top_k),
         ),
@@ -186,7 +195,7 @@ fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
             "--ple-io read, all resident",
             TierArgs {
                 ple_io: IoMode::Read,
-                ..TierArgs::default()
+                ..slot_tiers()
             },
             None,
         ),
@@ -195,7 +204,7 @@ fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
             TierArgs {
                 vram_budget: Some(budget_for_slots(ctx, path, few).0),
                 experts: ExpertsArg::Ram,
-                ..TierArgs::default()
+                ..slot_tiers()
             },
             Some(few),
         ),
@@ -206,7 +215,7 @@ fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
                 experts: ExpertsArg::Ram,
                 ple_io: IoMode::Read,
                 ple_row_cache: 0,
-                ..TierArgs::default()
+                ..slot_tiers()
             },
             Some(top_k),
         ),
@@ -239,7 +248,7 @@ fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
     // Tiered decode, token by token and in odd chunks, with the fewest slots.
     let tiers = TierArgs {
         vram_budget: Some(budget_for_slots(ctx, path, top_k).0),
-        ..TierArgs::default()
+        ..slot_tiers()
     };
     let tiered = load(ctx, path, &tiers).expect("tiered load");
     assert_same_bytes(
@@ -275,7 +284,7 @@ fn expert_profile_is_written_and_preloads_the_same_bits() {
     let tiers = TierArgs {
         vram_budget: Some(budget),
         expert_profile: Some(profile_path.clone()),
-        ..TierArgs::default()
+        ..slot_tiers()
     };
     let first = load(&ctx, &path, &tiers).expect("load");
     let expected = feed_all(&first, &prompt, prompt.len());
@@ -345,7 +354,7 @@ fn corrupted_ple_row_fails_the_request_and_the_next_is_served() {
     for ple_io in [IoMode::Mmap, IoMode::Read] {
         let tiers = TierArgs {
             ple_io,
-            ..TierArgs::default()
+            ..slot_tiers()
         };
         let backend = load(&ctx, &bad_path, &tiers).expect("a bad row is found when used");
         let mut seq = Arc::clone(&backend).new_sequence().expect("sequence");
@@ -395,7 +404,7 @@ fn budget_below_the_dense_part_is_a_clear_error() {
         };
     let tiers = TierArgs {
         vram_budget: Some(minimum / 2),
-        ..TierArgs::default()
+        ..slot_tiers()
     };
     let err = load(&ctx, &path, &tiers)
         .err()
@@ -411,13 +420,163 @@ fn budget_below_the_dense_part_is_a_clear_error() {
     // One byte short of the minimum fails too; the minimum itself loads.
     let short = TierArgs {
         vram_budget: Some(needed - 1),
-        ..TierArgs::default()
+        ..slot_tiers()
     };
     assert!(load(&ctx, &path, &short).is_err());
     let exact = TierArgs {
         vram_budget: Some(needed),
-        ..TierArgs::default()
+        ..slot_tiers()
     };
     let backend = load(&ctx, &path, &exact).expect("the minimum budget loads");
     assert_eq!(backend.expert_slots(), Some(top_k as usize));
+}
+
+/// `--experts pinned` (and `auto`, which picks it where the adapter reads host memory): every
+/// expert in host memory read in place, the hot ones copied into VRAM — the same bits as all
+/// resident, in one chunk, token by token and in odd chunks, with hot copies in every layer, in
+/// one layer only (a profile), or none.
+#[test]
+fn pinned_experts_give_the_same_bits() {
+    let Some(ctx) = context() else { return };
+    let path = fixture("IQ3_S");
+    let prompt = prompt_ids("p64eos");
+    let resident = load(&ctx, &path, &TierArgs::default()).expect("resident load");
+    let expected = feed_all(&resident, &prompt, prompt.len());
+    assert_eq!(resident.pinned_expert_bytes(), 0);
+    let (_, total, top_k) = budget_for_slots(&ctx, &path, 0);
+    let few = (top_k + 3).min(total - 1);
+    let budget = budget_for_slots(&ctx, &path, few).0;
+    if !ctx.has_host_storage() {
+        let auto = TierArgs {
+            vram_budget: Some(budget),
+            ..TierArgs::default()
+        };
+        let backend = load(&ctx, &path, &auto).expect("auto falls back to slots");
+        assert!(backend.expert_slots().is_some());
+        println!("SKIPPED pinned cases: the adapter cannot read host memory");
+        return;
+    }
+    let one_layer = std::env::temp_dir().join(format!(
+        "strata-tiers-gpu-pinned-profile-{}.txt",
+        std::process::id()
+    ));
+    let mut profile = ExpertProfile::new();
+    for e in 0..3 {
+        profile.add(strata::tiers::ExpertKey::new(1, e), 10 - u64::from(e));
+    }
+    profile.save(&one_layer).expect("profile");
+    let pinned = |budget: u64, profile: Option<PathBuf>| TierArgs {
+        vram_budget: Some(budget),
+        experts: ExpertsArg::Pinned,
+        expert_profile: profile,
+        ..TierArgs::default()
+    };
+    let cases = [
+        (
+            "auto, hot copies in every layer",
+            TierArgs {
+                vram_budget: Some(budget),
+                ..TierArgs::default()
+            },
+            None,
+        ),
+        (
+            "pinned, hot copies in every layer",
+            pinned(budget, None),
+            None,
+        ),
+        (
+            "pinned, hot copies in layer 1 only",
+            pinned(budget, Some(one_layer.clone())),
+            Some(3),
+        ),
+    ];
+    for (label, tiers, hot_expected) in cases {
+        let backend = load(&ctx, &path, &tiers).unwrap_or_else(|e| panic!("{label}: {e:#}"));
+        assert_eq!(backend.expert_slots(), None, "{label}: no slots");
+        assert!(backend.pinned_expert_bytes() > 0, "{label}: pinned");
+        let hot = backend.hot_expert_count();
+        println!("{label}: {hot} hot experts of {total}");
+        match hot_expected {
+            Some(n) => assert_eq!(hot, n, "{label}"),
+            None => assert!(hot > 0 && hot < total as usize, "{label}: {hot} hot"),
+        }
+        assert_same_bytes(label, &expected, &feed_all(&backend, &prompt, prompt.len()));
+        assert_same_bytes(label, &expected, &feed_all(&backend, &prompt, 1));
+        assert_same_bytes(label, &expected, &feed_all(&backend, &prompt, 7));
+    }
+    let _ = std::fs::remove_file(&one_layer);
+
+    // No hot copies: a profile naming no expert of this model (layer 99).
+    let nowhere = std::env::temp_dir().join(format!(
+        "strata-tiers-gpu-pinned-none-{}.txt",
+        std::process::id()
+    ));
+    let mut empty = ExpertProfile::new();
+    empty.add(strata::tiers::ExpertKey::new(99, 0), 1);
+    empty.save(&nowhere).expect("profile");
+    let bare = load(&ctx, &path, &pinned(budget, Some(nowhere.clone()))).expect("pinned");
+    let _ = std::fs::remove_file(&nowhere);
+    assert_eq!(bare.hot_expert_count(), 0);
+    assert_same_bytes(
+        "pinned, no hot copies",
+        &expected,
+        &feed_all(&bare, &prompt, 5),
+    );
+
+    // The routing is counted from the GPU's log: every item once, hits where a hot copy served
+    // it; `--expert-profile` naming a missing file gets the observed routing at exit.
+    let written = std::env::temp_dir().join(format!(
+        "strata-tiers-gpu-pinned-written-{}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&written);
+    let counted = load(&ctx, &path, &pinned(budget, Some(written.clone()))).expect("pinned");
+    let _ = feed_all(&counted, &prompt, 9);
+    let stats = counted.tier_stats().expect("pinned stats");
+    let config = Config::from_gguf(&open(&path)).expect("config");
+    let items = (prompt.len() * config.moe.n_expert_used * config.n_layer) as u64;
+    assert_eq!(
+        stats.hits + stats.misses,
+        items,
+        "every routed item counted once"
+    );
+    assert!(
+        stats.hits > 0 && stats.misses > 0,
+        "{} hits, {} misses",
+        stats.hits,
+        stats.misses
+    );
+    let observed = counted.observed_expert_profile().expect("observed");
+    drop(counted);
+    assert_eq!(
+        ExpertProfile::load(&written).expect("written at exit"),
+        observed
+    );
+    let _ = std::fs::remove_file(&written);
+
+    // A --ram-budget below the experts: `pinned` is refused with the reason, `auto` uses slots.
+    let short_ram = TierArgs {
+        ram_budget: Some(1024),
+        ..pinned(budget, None)
+    };
+    let err = load(&ctx, &path, &short_ram)
+        .err()
+        .expect("pinned over the RAM budget fails");
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("--ram-budget") && message.contains("--experts mmap"),
+        "{message}"
+    );
+    let auto_short = TierArgs {
+        experts: ExpertsArg::Auto,
+        ..short_ram
+    };
+    let backend = load(&ctx, &path, &auto_short).expect("auto falls back to slots");
+    assert!(backend.expert_slots().is_some() && backend.pinned_expert_bytes() == 0);
+    assert_same_bytes(
+        "auto, slots",
+        &expected,
+        &feed_all(&backend, &prompt, prompt.len()),
+    );
 }

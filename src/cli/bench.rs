@@ -717,7 +717,29 @@ fn bench_model(
         );
     }
     let tiers = gpu_backend.as_ref().and_then(|b| b.tier_stats());
-    if let Some(t) = tiers.as_ref().filter(|t| t.slots == 0) {
+    let pinned = gpu_backend.as_ref().map_or((0, 0), |b| {
+        (b.pinned_expert_bytes(), b.pinned_bytes_per_decoded_token())
+    });
+    if let (true, Some(t)) = (pinned.0 > 0, &tiers) {
+        // Routed bytes of a token that the hot copies did not serve cross the bus.
+        let bus = pinned.1 as f64 * (1.0 - t.hit_rate());
+        eprintln!(
+            "experts: all in pinned host memory ({:.2} GB), read in place; {} hot copies in VRAM, \
+             hit rate {:.1}% over every token fed ({} hits, {} misses); {:.3} GB per decoded token \
+             over the bus = {:.2} GB/s at the decode rate",
+            pinned.0 as f64 / 1e9,
+            t.slots,
+            t.hit_rate() * 100.0,
+            t.hits,
+            t.misses,
+            bus / 1e9,
+            bus * decode_tps / 1e9
+        );
+        eprintln!(
+            "hit rate per layer: {}",
+            per_layer_rates(&t.per_layer).join(" ")
+        );
+    } else if let Some(t) = tiers.as_ref().filter(|t| t.slots == 0) {
         eprintln!(
             "expert slots: none needed ({} experts accounted), every expert resident in VRAM",
             t.total_experts
@@ -745,6 +767,8 @@ fn bench_model(
     }
     Ok(serde_json::json!({
         "benchmark": "model",
+        "pinned_expert_bytes": pinned.0,
+        "pinned_bytes_per_decoded_token": pinned.1,
         "expert_tier": tiers.as_ref().map(|t| serde_json::json!({
             "slots": t.slots,
             "total_experts": t.total_experts,

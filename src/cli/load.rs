@@ -428,6 +428,6 @@ mod tests {
         assert_eq!(cli.model.tiers.ple_io, crate::tiers::IoMode::Read);
         let defaults = Cli::try_parse_from(["strata"]).expect("parse").model.tiers;
         assert_eq!(defaults.vram_budget, None);
-        assert_eq!(defaults.experts, crate::tiers::ExpertsArg::Mmap);
+        assert_eq!(defaults.experts, crate::tiers::ExpertsArg::Auto);
     }
 }

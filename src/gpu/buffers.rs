@@ -11,6 +11,28 @@ use crate::gguf::types::GgmlType;
 use super::layout::{self, SplitD};
 use super::{GpuContext, GpuError};
 
+/// Where a weight's bytes live. Kernels read either the same way, so placement never changes the
+/// arithmetic, only where the bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Device memory.
+    #[default]
+    Vram,
+    /// Host memory the GPU reads in place over the bus (`MAP_READ | STORAGE`: wgpu places it in
+    /// host-visible, host-cached system RAM, page-locked by the driver). Needs
+    /// [`GpuContext::has_host_storage`].
+    Host,
+}
+
+impl Placement {
+    fn usage(self) -> wgpu::BufferUsages {
+        match self {
+            Placement::Vram => wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            Placement::Host => wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::MAP_READ,
+        }
+    }
+}
+
 /// One contiguous run of whole rows of a weight tensor, in its own buffer.
 pub struct WeightPart {
     pub buffer: wgpu::Buffer,
@@ -53,6 +75,28 @@ impl GpuWeight {
         Self::upload_with_limit(ctx, name, ty, row_len, n_rows, rows_per_unit, data, None)
     }
 
+    /// As [`Self::upload`], into memory of `placement`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn upload_placed(
+        ctx: &GpuContext,
+        name: &str,
+        ty: GgmlType,
+        row_len: usize,
+        n_rows: usize,
+        rows_per_unit: usize,
+        data: &[u8],
+        placement: Placement,
+    ) -> Result<Self, GpuError> {
+        Self::upload_in(
+            ctx,
+            name,
+            (ty, row_len, n_rows, rows_per_unit),
+            data,
+            None,
+            placement,
+        )
+    }
+
     /// As [`Self::upload`], with parts capped at `max_part_bytes` (below the adapter limit); tests
     /// use it to exercise split tensors on a small model.
     #[allow(clippy::too_many_arguments)]
@@ -66,7 +110,32 @@ impl GpuWeight {
         data: &[u8],
         max_part_bytes: Option<usize>,
     ) -> Result<Self, GpuError> {
+        Self::upload_in(
+            ctx,
+            name,
+            (ty, row_len, n_rows, rows_per_unit),
+            data,
+            max_part_bytes,
+            Placement::Vram,
+        )
+    }
+
+    /// The upload itself: `shape` is (type, row length, rows, rows per unit).
+    fn upload_in(
+        ctx: &GpuContext,
+        name: &str,
+        shape: (GgmlType, usize, usize, usize),
+        data: &[u8],
+        max_part_bytes: Option<usize>,
+        placement: Placement,
+    ) -> Result<Self, GpuError> {
+        let (ty, row_len, n_rows, rows_per_unit) = shape;
         let bad = |m: String| GpuError::BadArgs(format!("weight {name}: {m}"));
+        if placement == Placement::Host && !ctx.has_host_storage() {
+            return Err(GpuError::Unsupported(format!(
+                "weight {name}: this adapter cannot read storage buffers in host memory"
+            )));
+        }
         if !super::shaders::supports(ty) {
             return Err(GpuError::Unsupported(format!(
                 "weight {name} has type {}, which has no GPU kernel",
@@ -142,9 +211,9 @@ impl GpuWeight {
                     let blocks = row_len / block;
                     let packed = layout::split_rows(sd, blocks, rows, bytes);
                     let d_base = layout::split_sizes(sd, blocks, rows).1;
-                    (storage_with_bytes(ctx, name, &packed), d_base)
+                    (storage_in(ctx, name, &packed, placement), d_base)
                 }
-                None => (storage_with_bytes(ctx, name, bytes), 0),
+                None => (storage_in(ctx, name, bytes, placement), 0),
             };
             parts.push(WeightPart {
                 buffer,
@@ -174,14 +243,20 @@ impl GpuWeight {
 
 /// A storage buffer holding `bytes`, zero-padded to a multiple of 4 bytes.
 pub fn storage_with_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    storage_in(ctx, label, bytes, Placement::Vram)
+}
+
+/// [`storage_with_bytes`] in memory of `placement`.
+fn storage_in(ctx: &GpuContext, label: &str, bytes: &[u8], placement: Placement) -> wgpu::Buffer {
     let padded_len = bytes.len().div_ceil(4).max(1) * 4;
+    let usage = placement.usage();
     if padded_len == bytes.len() {
         return ctx
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
                 contents: bytes,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                usage,
             });
     }
     let mut padded = Vec::with_capacity(padded_len);
@@ -191,7 +266,7 @@ pub fn storage_with_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> wgpu::
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: &padded,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            usage,
         })
 }
 

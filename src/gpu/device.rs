@@ -194,7 +194,8 @@ impl GpuContext {
             | wgpu::Features::SHADER_F16
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         let features = available & wanted;
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -233,6 +234,13 @@ impl GpuContext {
         self.limits
             .max_storage_buffer_binding_size
             .min(self.limits.max_buffer_size)
+    }
+
+    /// Whether storage buffers may live in host memory (`MAP_READ | STORAGE`, which wgpu places
+    /// in host-visible, host-cached system RAM): kernels then read them in place over the bus.
+    pub fn has_host_storage(&self) -> bool {
+        self.features
+            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
     }
 
     pub fn has_timestamps(&self) -> bool {

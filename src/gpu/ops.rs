@@ -886,6 +886,41 @@ pub fn moe_group(
     )
 }
 
+/// Split `items` router choices `ids` between a layer's hot experts in VRAM and the host tensor,
+/// through `map` = (the expert map, this layer's offset in it): `hot[i]` = the expert's unit
+/// (or `u32::MAX`), `cold[i]` = `ids[i]` when that is `u32::MAX`, else `u32::MAX`. The choices
+/// are also copied to `log` = (buffer, offset). See moe.wgsl's `moe_split_ids`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_split_ids(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    ids: &GpuBuf,
+    map: (&GpuBuf, usize),
+    n_expert: usize,
+    (hot, cold): (&GpuBuf, &GpuBuf),
+    log: (&GpuBuf, usize),
+    items: usize,
+) -> Result<(), GpuError> {
+    need(ids, items, "router ids")?;
+    need(map.0, map.1 + n_expert, "expert slot map")?;
+    need(hot, items, "hot expert ids")?;
+    need(cold, items, "cold expert ids")?;
+    need(log.0, log.1 + items, "routing log")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new("moe", "moe_split_ids"),
+        &[
+            (1, &*ids.buffer),
+            (10, &*map.0.buffer),
+            (11, &*hot.buffer),
+            (12, &*cold.buffer),
+            (13, &*log.0.buffer),
+        ],
+        &words(&[u(items)?, u(n_expert)?, u(map.1)?, u(log.1)?, 0, 0]),
+        [u(items.div_ceil(64))?, 1, 1],
+    )
+}
+
 /// Words of [`moe_group`]'s output for `tokens` tokens: a count and a list of up to `tokens`
 /// items per expert.
 pub fn group_len(n_expert: usize, tokens: usize) -> usize {

@@ -369,6 +369,24 @@ impl ExpertProfile {
         all.into_iter().take(n).map(|(_, key)| key).collect()
     }
 
+    /// The `slots` most used experts (as [`Self::top_n`]) of `n_layers` layers of `n_expert`
+    /// experts, per layer, in ascending expert order: what a static VRAM copy of the hot
+    /// experts holds.
+    pub fn hot_sets(&self, n_layers: usize, n_expert: usize, slots: usize) -> Vec<Vec<u32>> {
+        let mut sets = vec![Vec::new(); n_layers];
+        let valid = self
+            .top_n(usize::MAX)
+            .into_iter()
+            .filter(|k| (k.layer as usize) < n_layers && (k.expert as usize) < n_expert);
+        for key in valid.take(slots) {
+            sets[key.layer as usize].push(key.expert);
+        }
+        for set in &mut sets {
+            set.sort_unstable();
+        }
+        sets
+    }
+
     /// The profile as text: a header line, then `layer expert count` per line in key order.
     pub fn to_text(&self) -> String {
         let mut text = String::with_capacity(16 * self.counts.len() + PROFILE_HEADER.len() + 1);

@@ -34,11 +34,19 @@ pub use size::{ByteSize, SizeError, format_size, parse_size};
 
 use std::path::PathBuf;
 
-/// How routed experts are served from the host (`--experts`).
+/// How routed experts are served from the host (`--experts`) when they do not all fit the VRAM
+/// budget.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ExpertsArg {
-    /// Slices of the memory-mapped GGUF: the page cache is the RAM tier, no second copy.
+    /// `pinned` when the adapter can read host memory and the host has the RAM for every expert
+    /// (within --ram-budget), else `mmap`; the load prints which and why.
     #[default]
+    Auto,
+    /// Every expert in page-locked host memory that the GPU reads in place over the bus: no
+    /// VRAM slots, no upload, no host round trip per layer. Needs RAM for all experts.
+    Pinned,
+    /// VRAM slots filled on demand from slices of the memory-mapped GGUF: the page cache is the
+    /// RAM tier, no second copy.
     Mmap,
     /// Copy every expert into RAM at load (counts against --ram-budget).
     Ram,
@@ -49,7 +57,7 @@ pub enum ExpertsArg {
 impl ExpertsArg {
     pub fn source(self) -> ExpertSource {
         match self {
-            ExpertsArg::Mmap => ExpertSource::Mmap,
+            ExpertsArg::Auto | ExpertsArg::Pinned | ExpertsArg::Mmap => ExpertSource::Mmap,
             ExpertsArg::Ram => ExpertSource::Ram { locked: false },
             ExpertsArg::RamLocked => ExpertSource::Ram { locked: true },
         }
@@ -67,12 +75,13 @@ pub struct TierArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub vram_budget: Option<u64>,
     /// Host RAM the engine may use for copies it makes: the PLE row cache first (its row count is
-    /// lowered to fit), then the expert copy of `--experts ram` (refused if it does not fit).
+    /// lowered to fit), then the expert copy of `--experts ram` or `pinned` (refused if it does
+    /// not fit).
     /// Default: no limit beyond what the system has.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub ram_budget: Option<u64>,
-    /// Where routed experts are served from on the host.
-    #[arg(long, value_enum, default_value_t = ExpertsArg::Mmap)]
+    /// Where routed experts are served from when they do not all fit the VRAM budget.
+    #[arg(long, value_enum, default_value_t = ExpertsArg::Auto)]
     pub experts: ExpertsArg,
     /// How PLE table rows are read: from the memory map or with positioned reads.
     #[arg(long, value_enum, default_value_t = IoMode::Mmap)]
@@ -92,7 +101,7 @@ impl Default for TierArgs {
         TierArgs {
             vram_budget: None,
             ram_budget: None,
-            experts: ExpertsArg::Mmap,
+            experts: ExpertsArg::Auto,
             ple_io: IoMode::Mmap,
             ple_row_cache: ple_reader::DEFAULT_CACHE_ROWS,
             expert_profile: None,
@@ -126,6 +135,15 @@ impl TierArgs {
             }
         }
     }
+}
+
+/// Memory the host can still give without swapping (`MemAvailable` of `/proc/meminfo`); `None`
+/// where the system does not say.
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 #[cfg(test)]

@@ -55,16 +55,11 @@ impl GpuSequence {
             .map_err(gpu_err)?;
         match (&layer.moe.experts, &b.tier) {
             (Some(e), _) if t >= GROUPED_MIN_TOKENS => self
-                .moe_experts_grouped(rec, &e.gate_up, &e.down, t)
+                .moe_experts_grouped(rec, e, index, t)
                 .map_err(gpu_err)?,
-            (Some(e), _) => {
-                let fused = ExpertWeights::Fused {
-                    gate_up: &e.gate_up,
-                    down: &e.down,
-                };
-                self.moe_experts(rec, fused, &self.scratch.expert_ids, 0..t)
-                    .map_err(gpu_err)?
-            }
+            (Some(e), _) => self
+                .moe_experts_resident(rec, e, index, t)
+                .map_err(gpu_err)?,
             (None, Some(tier)) => self.tiered_experts(rec, tier, index, t)?,
             (None, None) => {
                 return Err(gpu_err(GpuError::BadArgs(format!(
@@ -247,8 +242,14 @@ impl GpuSequence {
             t.resolve(&mut encoder);
         }
         encoder.copy_buffer_to_buffer(&source.buffer, 0, &staging, 0, size);
+        let routing = self.routing_readback(&mut encoder, t);
         c.queue.submit([encoder.finish()]);
         let bytes = read_staging(c, &staging).map_err(gpu_err)?;
+        if let (Some(staging), Some(pinned)) = (routing, &b.pinned) {
+            let log: Vec<u32> =
+                bytemuck::pod_collect_to_vec(&read_staging(c, &staging).map_err(gpu_err)?);
+            pinned.record(&log, t * b.config.moe.n_expert_used);
+        }
         if let Some(t) = &timestamps {
             self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);
         }
@@ -273,5 +274,24 @@ impl GpuSequence {
             });
         }
         Ok(logits)
+    }
+
+    /// Pinned experts: queue a copy of the chunk's routing log (`t` tokens) for the host.
+    fn routing_readback(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        t: usize,
+    ) -> Option<wgpu::Buffer> {
+        let b = &self.backend;
+        b.pinned.as_ref()?;
+        let size = (b.layers.len() * t * b.config.moe.n_expert_used * 4) as u64;
+        let staging = b.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("routing readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        encoder.copy_buffer_to_buffer(&self.scratch.routing_log.buffer, 0, &staging, 0, size);
+        Some(staging)
     }
 }

@@ -1,7 +1,8 @@
 //! Loading: weights uploaded block by block, the VRAM budget and plan, the expert tier.
 
 use super::*;
-use crate::tiers::{DEFAULT_VRAM_RESERVE, PleTable, resolve_vram_budget};
+use crate::gpu::buffers::Placement;
+use crate::tiers::{DEFAULT_VRAM_RESERVE, ExpertsArg, PleTable, resolve_vram_budget};
 
 pub(super) fn upload(ctx: &GpuContext, m: &QuantMatrix) -> Result<GpuWeight, GpuError> {
     GpuWeight::upload(ctx, m.name(), m.ty, m.cols, m.rows, 1, m.bytes())
@@ -13,13 +14,27 @@ pub(super) fn upload_experts(
     ctx: &GpuContext,
     name: &str,
     lists: &[&[QuantMatrix]],
+    placement: Placement,
+) -> Result<GpuWeight, GpuError> {
+    let all: Vec<u32> = (0..lists.first().map_or(0, |l| l.len()) as u32).collect();
+    upload_expert_units(ctx, name, lists, &all, placement)
+}
+
+/// [`upload_experts`] of the experts `units` only, as units 0, 1, … in that order.
+pub(super) fn upload_expert_units(
+    ctx: &GpuContext,
+    name: &str,
+    lists: &[&[QuantMatrix]],
+    units: &[u32],
+    placement: Placement,
 ) -> Result<GpuWeight, GpuError> {
     let Some(first) = lists.first().and_then(|l| l.first()) else {
         return Err(GpuError::BadArgs(format!("{name}: no experts")));
     };
-    let n = lists[0].len();
+    let n = units.len();
     let mut bytes = Vec::with_capacity(first.bytes().len() * n * lists.len());
-    for e in 0..n {
+    for &e in units {
+        let e = e as usize;
         for list in lists {
             let Some(m) = list.get(e) else {
                 return Err(GpuError::BadArgs(format!(
@@ -35,7 +50,7 @@ pub(super) fn upload_experts(
         }
     }
     let unit_rows = first.rows * lists.len();
-    GpuWeight::upload(
+    GpuWeight::upload_placed(
         ctx,
         name,
         first.ty,
@@ -43,6 +58,7 @@ pub(super) fn upload_experts(
         unit_rows * n,
         unit_rows,
         &bytes,
+        placement,
     )
 }
 
@@ -201,9 +217,35 @@ impl GpuBackend {
                 None => (None, DEFAULT_MAX_CHUNK),
             },
         };
-        let tiered = plan
+        let over_budget = plan
             .as_ref()
             .is_some_and(|p| p.expert_slots < p.total_experts);
+        let expert_bytes = pinned::routed_expert_bytes(&weights);
+        let pinned = over_budget && pinned::choose_pinned(&ctx, tiers, expert_bytes)?;
+        let tiered = over_budget && !pinned;
+        // Pinned experts take no VRAM: the chunk is planned as if every expert were resident.
+        let (plan, max_chunk) = match (&plan, pinned) {
+            (Some(p), true) => match plan_for_budget(
+                &ctx,
+                &gguf,
+                context_length,
+                DEFAULT_MAX_CHUNK,
+                p.vram_budget,
+            ) {
+                Ok(wide) => (Some(wide), DEFAULT_MAX_CHUNK),
+                Err(_) => (plan, max_chunk),
+            },
+            _ => (plan, max_chunk),
+        };
+        let expert_placement = if pinned {
+            Placement::Host
+        } else {
+            Placement::Vram
+        };
+        let hot_sets = match (&plan, pinned) {
+            (Some(p), true) => pinned::hot_expert_sets(tiers, &weights, &config, p)?,
+            _ => vec![Vec::new(); weights.layers.len()],
+        };
         let (ple_reader, expert_ram) = open_ple_reader(&gguf, tiers)?;
         let expert_tiers = TierArgs {
             ram_budget: expert_ram,
@@ -214,7 +256,7 @@ impl GpuBackend {
         let output = upload(c, &weights.output)?;
         let head_hc = upload_hc(c, &weights.head_hc)?;
         let mut layers = Vec::with_capacity(weights.layers.len());
-        for lw in &weights.layers {
+        for (lw, hot_set) in weights.layers.iter().zip(&hot_sets) {
             let ple = match &lw.ple {
                 Some(p) => Some(PleGpu {
                     key: upload(c, &p.key)?,
@@ -310,8 +352,14 @@ impl GpuBackend {
                 None
             } else if gate_up_joinable(&m.gate, &m.up) {
                 Some(ResidentExperts {
-                    gate_up: upload_experts(c, "ffn_gate_up_exps", &[&m.gate, &m.up])?,
-                    down: upload_experts(c, "ffn_down_exps", &[&m.down])?,
+                    gate_up: upload_experts(
+                        c,
+                        "ffn_gate_up_exps",
+                        &[&m.gate, &m.up],
+                        expert_placement,
+                    )?,
+                    down: upload_experts(c, "ffn_down_exps", &[&m.down], expert_placement)?,
+                    hot: pinned::upload_hot(c, m, hot_set)?,
                 })
             } else {
                 anyhow::bail!(
@@ -368,6 +416,17 @@ impl GpuBackend {
                     .as_ref()
                     .map_or(0, |e| e.gate_up.bytes() + e.down.bytes());
         }
+        let pinned_tier = if pinned {
+            Some(pinned::PinnedExperts::new(
+                c,
+                expert_bytes,
+                &hot_sets,
+                config.moe.n_expert,
+                tiers,
+            )?)
+        } else {
+            None
+        };
         let tier = match (&plan, tiered) {
             (Some(plan), true) => {
                 let views: Vec<_> = weights
@@ -394,8 +453,33 @@ impl GpuBackend {
                 weight_bytes += a.gate.bytes() + a.up.bytes() + a.down.bytes();
                 Some(tier)
             }
+            (Some(plan), false) if pinned => {
+                c.check_errors().map_err(|e| {
+                    anyhow::anyhow!(
+                        "pinning {} of experts in host memory failed ({e}); use --experts mmap",
+                        format_size(expert_bytes)
+                    )
+                })?;
+                let hot: usize = hot_sets.iter().map(Vec::len).sum();
+                eprintln!(
+                    "memory plan: budget {}, dense weights {}, KV cache {} ({} tokens); all {} \
+                     experts in pinned host memory ({}), read in place by the GPU; {hot} hot \
+                     experts copied into VRAM ({})",
+                    format_size(plan.vram_budget),
+                    format_size(plan.dense_bytes),
+                    format_size(plan.kv_bytes),
+                    plan.ctx,
+                    plan.total_experts,
+                    format_size(expert_bytes),
+                    match &tiers.expert_profile {
+                        Some(path) if path.exists() => format!("from {}", path.display()),
+                        _ => "the same share of every layer, without --expert-profile".into(),
+                    }
+                );
+                None
+            }
             (Some(plan), false) => {
-                if tiers.experts != crate::tiers::ExpertsArg::Mmap {
+                if !matches!(tiers.experts, ExpertsArg::Mmap | ExpertsArg::Auto) {
                     eprintln!(
                         "--experts {:?}: no host copy made, every expert is in VRAM",
                         tiers.experts
@@ -439,6 +523,7 @@ impl GpuBackend {
             feed_lock: std::sync::Mutex::new(()),
             weight_bytes,
             tier,
+            pinned: pinned_tier,
             plan,
             ple_reader,
             _gguf: gguf,

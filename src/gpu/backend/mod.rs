@@ -3,9 +3,10 @@
 //! on the CPU), one compute pass and one submission per chunk of tokens, one host sync per chunk
 //! (the logits readback).
 //!
-//! Routed experts are either all resident (the default, and whenever `--vram-budget` leaves room
-//! for every one) or tiered (`gpu::tiered`): VRAM slots filled from the host tier as the router
-//! asks, at the cost of one sync per layer. Both run the same expert kernel, so the bits agree.
+//! Routed experts are all resident (the default, and whenever `--vram-budget` leaves room for
+//! every one), pinned (`pinned`: all in host memory the GPU reads in place, the hot ones copied
+//! into VRAM), or tiered (`gpu::tiered`): VRAM slots filled from the host tier as the router asks,
+//! at the cost of one sync per layer. All run the same expert kernel, so the bits agree.
 //!
 //! Bit-identity across chunk sizes: every kernel computes each output element with one fixed
 //! reduction order that does not depend on how many tokens the dispatch covers, and the recurrent
@@ -100,26 +101,40 @@ struct SharedGpu {
     combine_in_store: bool,
 }
 
-/// The expert tensors one MoE dispatch sequence reads: the resident fused gate-up tensor, or the
-/// tiered slot arenas.
+/// The tiered slot arenas one MoE dispatch sequence reads: gate and up apart, SwiGLU on the
+/// down projection's load.
 #[derive(Clone, Copy)]
-enum ExpertWeights<'a> {
-    Fused {
-        gate_up: &'a GpuWeight,
-        down: &'a GpuWeight,
-    },
-    Split {
-        gate: &'a GpuWeight,
-        up: &'a GpuWeight,
-        down: &'a GpuWeight,
-    },
+struct SlotExperts<'a> {
+    gate: &'a GpuWeight,
+    up: &'a GpuWeight,
+    down: &'a GpuWeight,
 }
 
-/// The routed experts of one layer, whole, when every expert is resident: each expert's gate rows
-/// then its up rows in one tensor, so one dispatch computes both.
+/// The routed experts of one layer, whole: each expert's gate rows then its up rows in one
+/// tensor, so one dispatch computes both. In VRAM, or in pinned host memory with the layer's hot
+/// experts copied into VRAM (`hot`).
 struct ResidentExperts {
     gate_up: GpuWeight,
     down: GpuWeight,
+    hot: Option<HotExperts>,
+}
+
+/// A layer's hot experts in VRAM when the full tensors are in host memory: units in the order of
+/// `experts` (ascending ids); the backend's expert map sends each routed id to its unit here.
+struct HotExperts {
+    gate_up: GpuWeight,
+    down: GpuWeight,
+    experts: Vec<u32>,
+}
+
+/// One place the items of a layer's routed experts are computed from: a fused gate|up and a down
+/// tensor of `units` experts, and each item's unit in `ids` (`u32::MAX`: not from here).
+#[derive(Clone, Copy)]
+struct ExpertSource<'a> {
+    gate_up: &'a GpuWeight,
+    down: &'a GpuWeight,
+    ids: &'a GpuBuf,
+    units: usize,
 }
 
 struct MoeGpu {
@@ -165,6 +180,9 @@ pub struct GpuBackend {
     weight_bytes: usize,
     /// Tiered mode: the expert slot arenas and their slot table (`None`: every expert resident).
     tier: Option<ExpertTier>,
+    /// Routed experts in pinned host memory, read in place (`--experts pinned`; `None` when they
+    /// are in VRAM or slots).
+    pinned: Option<pinned::PinnedExperts>,
     /// The VRAM plan, when `--vram-budget` asked for one.
     plan: Option<MemoryPlan>,
     /// Checked PLE row gathers from the file (`None` for a model held in memory, whose table is
@@ -183,16 +201,30 @@ mod gdn;
 mod hc;
 mod load;
 mod moe;
+mod pinned;
 mod ple;
 mod qsa;
 mod scratch;
 mod sequence;
 
 impl GpuBackend {
+    /// Bytes of routed experts the GPU reads from pinned host memory (0: none).
+    pub fn pinned_expert_bytes(&self) -> u64 {
+        self.pinned.as_ref().map_or(0, |p| p.bytes)
+    }
+
+    /// Experts with a VRAM copy beside the pinned tensors (0 unless pinned).
+    pub fn hot_expert_count(&self) -> usize {
+        self.pinned.as_ref().map_or(0, |p| p.hot_experts())
+    }
+
     /// Expert-tier and PLE-reader counters (hit rate, uploads, rows read); `None` when every
     /// expert is resident and the PLE table is read from memory.
     pub fn tier_stats(&self) -> Option<TierStats> {
         let ple = self.ple_reader.as_ref().map(|r| r.stats());
+        if let Some(p) = &self.pinned {
+            return Some(TierStats { ple, ..p.stats() });
+        }
         match &self.tier {
             Some(tier) => Some(TierStats {
                 ple,
@@ -215,10 +247,14 @@ impl GpuBackend {
         self.plan.as_ref()
     }
 
-    /// The expert routing observed since load in tiered mode (save it with
+    /// The expert routing observed since load in tiered or pinned mode (save it with
     /// `ExpertProfile::save` and pass it as `--expert-profile` next time).
     pub fn observed_expert_profile(&self) -> Option<crate::tiers::ExpertProfile> {
-        self.tier.as_ref().map(|t| t.observed_profile())
+        match (&self.tier, &self.pinned) {
+            (Some(t), _) => Some(t.observed_profile()),
+            (None, Some(p)) => Some(p.observed_profile()),
+            (None, None) => None,
+        }
     }
 
     /// Bytes of weights in VRAM (excluding the host-side PLE table).
@@ -283,6 +319,21 @@ impl GpuBackend {
         total
     }
 
+    /// Of [`Self::bytes_per_decoded_token`], the routed experts' bytes read from pinned host
+    /// memory over the bus (0 unless `--experts pinned`).
+    pub fn pinned_bytes_per_decoded_token(&self) -> usize {
+        if self.pinned.is_none() {
+            return 0;
+        }
+        let used = self.config.moe.n_expert_used;
+        let n_expert = self.config.moe.n_expert.max(1);
+        self.layers
+            .iter()
+            .filter_map(|l| l.moe.experts.as_ref())
+            .map(|e| (e.gate_up.bytes() + e.down.bytes()) / n_expert * used)
+            .sum()
+    }
+
     pub fn sequence(self: &Arc<Self>) -> Result<GpuSequence, GpuError> {
         GpuSequence::new(Arc::clone(self))
     }
@@ -339,12 +390,20 @@ struct Scratch {
     router: GpuBuf,
     expert_ids: GpuBuf,
     /// Tiered mode: the slot of each (token, k) expert of the current sub-batch.
+    /// Tiered: each item's slot. Pinned with hot copies: each item's hot unit (or `u32::MAX`).
     slot_ids: GpuBuf,
+    /// Pinned with hot copies: each item's expert when it has no hot unit (else `u32::MAX`).
+    cold_ids: GpuBuf,
     expert_weights: GpuBuf,
     /// Gate then up outputs of each (token, expert), side by side.
     expert_gu: GpuBuf,
     expert_down: GpuBuf,
     expert_groups: GpuBuf,
+    /// Grouped prefill from hot copies: the hot units' item lists.
+    hot_groups: GpuBuf,
+    /// Pinned experts: every layer's router choices of the chunk (`t * k` per layer), read back
+    /// with the logits for the hit rate and the observed profile.
+    routing_log: GpuBuf,
     /// Gate then up outputs of the shared expert per token.
     shared_gu: GpuBuf,
     shared_down: GpuBuf,

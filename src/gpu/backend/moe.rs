@@ -32,15 +32,103 @@ impl GpuSequence {
         )
     }
 
-    /// The routed experts of the chunk's tokens `tokens`: `ids` holds their `k` expert (or slot)
-    /// indices per token from index 0. Gate and up land side by side in `scratch.expert_gu` (from
-    /// 0, reused per sub-batch), from one fused tensor or from two (the slot arenas): the same
-    /// rows either way. The down projection reads them as SwiGLU; its outputs land at the
-    /// tokens' own rows of `scratch.expert_down`, ready for the combine.
-    pub(super) fn moe_experts(
+    /// Where layer `index`'s routed experts are computed from: the whole tensors, or — pinned,
+    /// with hot copies in VRAM — the hot units for the items whose expert has one and the host
+    /// tensors for the rest (split by `moe_split_ids`, which also logs the choices). Every item comes from exactly one source, with
+    /// the same kernel and the same bytes, so the bits never depend on the split.
+    fn expert_sources<'a>(
+        &'a self,
+        rec: &mut Recorder,
+        e: &'a ResidentExperts,
+        index: usize,
+        t: usize,
+    ) -> Result<Vec<ExpertSource<'a>>, GpuError> {
+        let b = &self.backend;
+        let s = &self.scratch;
+        let n_expert = b.config.moe.n_expert;
+        let whole = |ids| ExpertSource {
+            gate_up: &e.gate_up,
+            down: &e.down,
+            ids,
+            units: n_expert,
+        };
+        let Some(pinned) = &b.pinned else {
+            return Ok(vec![whole(&s.expert_ids)]);
+        };
+        let items = t * b.config.moe.n_expert_used;
+        ops::moe_split_ids(
+            &b.ctx,
+            rec,
+            &s.expert_ids,
+            (&pinned.map, index * n_expert),
+            n_expert,
+            (&s.slot_ids, &s.cold_ids),
+            (&s.routing_log, index * items),
+            items,
+        )?;
+        let Some(hot) = &e.hot else {
+            return Ok(vec![whole(&s.cold_ids)]);
+        };
+        let hot_source = ExpertSource {
+            gate_up: &hot.gate_up,
+            down: &hot.down,
+            ids: &s.slot_ids,
+            units: hot.experts.len(),
+        };
+        Ok(vec![hot_source, whole(&s.cold_ids)])
+    }
+
+    /// The routed experts of layer `index` for a decode step or a short chunk of `t` tokens, one
+    /// workgroup per (item, row block): gate|up with SwiGLU in the store (`scratch.expert_gu`),
+    /// then down into `scratch.expert_down`, from each source in turn.
+    pub(super) fn moe_experts_resident(
         &self,
         rec: &mut Recorder,
-        experts: ExpertWeights,
+        e: &ResidentExperts,
+        index: usize,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let h = cfg.n_embd;
+        let k = cfg.moe.n_expert_used;
+        let f = cfg.moe.expert_ff;
+        let items = t * k;
+        let x = View::new(&s.x_in, 0, h);
+        let gu = View::new(&s.expert_gu, 0, 2 * f);
+        let sources = self.expert_sources(rec, e, index, t)?;
+        for src in &sources {
+            kernels::matvec_expert_glu(c, rec, src.gate_up, src.ids, k, x, gu, items)?;
+        }
+        let y = View::new(&s.expert_down, 0, h);
+        for src in &sources {
+            kernels::matvec_expert_with(
+                c,
+                rec,
+                src.down,
+                src.ids,
+                k,
+                true,
+                gu,
+                XForm::Plain,
+                y,
+                items,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The routed experts of the chunk's tokens `tokens` from the tiered slot arenas: `ids` holds
+    /// their `k` slot indices per token from index 0. Gate and up land side by side in
+    /// `scratch.expert_gu` (from 0, reused per sub-batch); the down projection reads them as
+    /// SwiGLU and writes the tokens' own rows of `scratch.expert_down`, ready for the combine.
+    /// The same rows, so the same bits, as the fused kernels of the resident path.
+    pub(super) fn moe_experts_slots(
+        &self,
+        rec: &mut Recorder,
+        experts: SlotExperts,
         ids: &GpuBuf,
         tokens: std::ops::Range<usize>,
     ) -> Result<(), GpuError> {
@@ -54,40 +142,30 @@ impl GpuSequence {
         let items = tokens.len() * k;
         let x = View::new(&s.x_in, tokens.start * h, h);
         let gu = |offset: usize| View::new(&s.expert_gu, offset, 2 * f);
-        let (down, xform) = match experts {
-            ExpertWeights::Fused { gate_up, down } => {
-                // SwiGLU in the gate|up store: the down projection reads plain values.
-                kernels::matvec_expert_glu(c, rec, gate_up, ids, k, x, gu(0), items)?;
-                (down, XForm::Plain)
-            }
-            ExpertWeights::Split { gate, up, down } => {
-                kernels::matvec_expert(c, rec, gate, ids, k, false, x, gu(0), items)?;
-                kernels::matvec_expert(c, rec, up, ids, k, false, x, gu(f), items)?;
-                (down, XForm::Swiglu { half: f })
-            }
-        };
+        kernels::matvec_expert(c, rec, experts.gate, ids, k, false, x, gu(0), items)?;
+        kernels::matvec_expert(c, rec, experts.up, ids, k, false, x, gu(f), items)?;
         kernels::matvec_expert_with(
             c,
             rec,
-            down,
+            experts.down,
             ids,
             k,
             true,
             gu(0),
-            xform,
+            XForm::Swiglu { half: f },
             View::new(&s.expert_down, tokens.start * k * h, h),
             items,
         )
     }
 
-    /// [`Self::moe_experts`] for a prefill chunk of `t` tokens with every expert resident: the
-    /// items grouped by expert first, so each expert's weights are read once for all its tokens.
+    /// [`Self::moe_experts_resident`] for a prefill chunk of `t` tokens: the items grouped by
+    /// expert first (per source), so each expert's weights are read once for all its tokens.
     /// The same bits per item as the per-item kernels.
     pub(super) fn moe_experts_grouped(
         &self,
         rec: &mut Recorder,
-        gate_up: &GpuWeight,
-        down: &GpuWeight,
+        e: &ResidentExperts,
+        index: usize,
         t: usize,
     ) -> Result<(), GpuError> {
         let b = &self.backend;
@@ -100,34 +178,52 @@ impl GpuSequence {
         // moe_group lists each expert's items in room for the chunk's `t` tokens.
         let cap = t;
         let items = t * k;
-        ops::moe_group(
-            c,
-            rec,
-            &s.expert_ids,
-            &s.expert_groups,
-            cfg.moe.n_expert,
-            k,
-            t,
-        )?;
+        let sources = self.expert_sources(rec, e, index, t)?;
         let x = View::new(&s.x_in, 0, h);
         let gu = View::new(&s.expert_gu, 0, 2 * f);
-        let groups = &s.expert_groups;
-        kernels::matvec_group(
-            c,
-            rec,
-            gate_up,
-            groups,
-            cap,
-            k,
-            false,
-            x,
-            XForm::Plain,
-            gu,
-            items,
-        )?;
+        // The last source uses `expert_groups`, a hot source before it `hot_groups`.
+        let groups_of = |i: usize| {
+            if i + 1 == sources.len() {
+                &s.expert_groups
+            } else {
+                &s.hot_groups
+            }
+        };
+        for (i, src) in sources.iter().enumerate() {
+            let groups = groups_of(i);
+            ops::moe_group(c, rec, src.ids, groups, src.units, k, t)?;
+            kernels::matvec_group(
+                c,
+                rec,
+                src.gate_up,
+                groups,
+                cap,
+                k,
+                false,
+                x,
+                XForm::Plain,
+                gu,
+                items,
+            )?;
+        }
         let y = View::new(&s.expert_down, 0, h);
-        let swiglu = kernels::prepare_x(c, rec, down, gu, XForm::Swiglu { half: f }, items)?;
-        kernels::matvec_group(c, rec, down, groups, cap, k, true, gu, swiglu, y, items)
+        let swiglu = kernels::prepare_x(c, rec, &e.down, gu, XForm::Swiglu { half: f }, items)?;
+        for (i, src) in sources.iter().enumerate() {
+            kernels::matvec_group(
+                c,
+                rec,
+                src.down,
+                groups_of(i),
+                cap,
+                k,
+                true,
+                gu,
+                swiglu,
+                y,
+                items,
+            )?;
+        }
+        Ok(())
     }
 
     /// Shared expert, and the weighted combine of the routed and shared outputs added into the
@@ -221,12 +317,12 @@ impl GpuSequence {
                 .slot_ids
                 .write_u32(c, 0, &slots)
                 .map_err(gpu_err)?;
-            let split = ExpertWeights::Split {
+            let split = SlotExperts {
                 gate: &a.gate,
                 up: &a.up,
                 down: &a.down,
             };
-            self.moe_experts(rec, split, &self.scratch.slot_ids, run)
+            self.moe_experts_slots(rec, split, &self.scratch.slot_ids, run)
                 .map_err(gpu_err)?;
             let mut encoder = c
                 .device

@@ -138,10 +138,20 @@ impl Scratch {
             router: z("router", t * m.n_expert)?,
             expert_ids: z("expert ids", t * k)?,
             slot_ids: z("expert slot ids", t * k)?,
+            cold_ids: z("expert host ids", t * k)?,
             expert_weights: z("expert weights", t * k)?,
             expert_gu: z("expert gate up", t * k * 2 * m.expert_ff)?,
             expert_down: z("expert down", t * k * h)?,
             expert_groups: z("expert groups", ops::group_len(m.n_expert, t))?,
+            hot_groups: z("hot expert groups", ops::group_len(m.n_expert, t))?,
+            routing_log: z(
+                "routing log",
+                if b.pinned.is_some() {
+                    b.layers.len() * t * k
+                } else {
+                    1
+                },
+            )?,
             shared_gu: z("shared gate up", t * 2 * m.shared_ff)?,
             shared_down: z("shared down", t * h)?,
             shared_logit: z("shared logit", t)?,

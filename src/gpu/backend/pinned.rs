@@ -1,0 +1,238 @@
+//! Routed experts in pinned host memory (`--experts pinned`, or `auto` where the adapter can read
+//! host memory): the GPU reads every expert in place over the bus, with no VRAM slots to fill and
+//! no host round trip per layer; the hot experts of each layer also have a copy in VRAM
+//! ([`HotExperts`]). `moe_split_ids` sends each routed item to its hot copy or to the host tensor
+//! through the expert map, and logs the layer's choices; the host reads the log with the logits,
+//! for the hit rate and the `--expert-profile` written at exit. The same kernel and the same
+//! bytes either way, so where an expert is read from never changes a bit.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use super::*;
+use crate::gpu::buffers::Placement;
+use crate::tiers::{ExpertKey, ExpertProfile, ExpertsArg};
+
+use super::load::upload_expert_units;
+
+/// The pinned tier of a backend: the expert map the kernels read and the routing seen so far.
+pub(super) struct PinnedExperts {
+    /// Bytes of routed experts in host memory.
+    pub bytes: u64,
+    /// `layers x n_expert` entries: the unit of (layer, expert) in the layer's [`HotExperts`], or
+    /// `u32::MAX`.
+    pub map: GpuBuf,
+    host_map: Vec<u32>,
+    n_expert: usize,
+    hot: usize,
+    routing: Mutex<Routing>,
+    /// Write the observed profile here when dropped (`--expert-profile` naming a missing file).
+    save_profile_to: Option<PathBuf>,
+}
+
+#[derive(Default)]
+struct Routing {
+    /// (hits, misses) per layer: items served by a hot copy, and by the host tensor.
+    per_layer: Vec<(u64, u64)>,
+    observed: ExpertProfile,
+}
+
+impl PinnedExperts {
+    pub fn new(
+        c: &GpuContext,
+        bytes: u64,
+        sets: &[Vec<u32>],
+        n_expert: usize,
+        tiers: &TierArgs,
+    ) -> Result<Self, GpuError> {
+        let mut host_map = vec![u32::MAX; sets.len() * n_expert];
+        for (layer, set) in sets.iter().enumerate() {
+            for (unit, &e) in set.iter().enumerate() {
+                host_map[layer * n_expert + e as usize] = unit as u32;
+            }
+        }
+        let save_profile_to = tiers
+            .expert_profile
+            .as_ref()
+            .filter(|path| !path.exists())
+            .cloned();
+        Ok(PinnedExperts {
+            bytes,
+            map: GpuBuf::from_u32(c, "expert map", &host_map)?,
+            host_map,
+            n_expert,
+            hot: sets.iter().map(Vec::len).sum(),
+            routing: Mutex::new(Routing {
+                per_layer: vec![(0, 0); sets.len()],
+                observed: ExpertProfile::new(),
+            }),
+            save_profile_to,
+        })
+    }
+
+    pub fn hot_experts(&self) -> usize {
+        self.hot
+    }
+
+    /// Count one chunk's routing `log` (`t * k` expert ids per layer, layer by layer).
+    pub fn record(&self, log: &[u32], items_per_layer: usize) {
+        let n_expert = self.n_expert;
+        let mut r = scratch::lock(&self.routing);
+        let Routing {
+            per_layer,
+            observed,
+        } = &mut *r;
+        for (layer, (ids, counts)) in log
+            .chunks(items_per_layer.max(1))
+            .zip(per_layer.iter_mut())
+            .enumerate()
+        {
+            for &e in ids {
+                if e as usize >= n_expert {
+                    continue;
+                }
+                observed.record(ExpertKey::new(layer as u32, e));
+                if self.host_map[layer * n_expert + e as usize] == u32::MAX {
+                    counts.1 += 1;
+                } else {
+                    counts.0 += 1;
+                }
+            }
+        }
+    }
+
+    pub fn stats(&self) -> TierStats {
+        let r = scratch::lock(&self.routing);
+        TierStats {
+            slots: self.hot,
+            total_experts: self.host_map.len() as u64,
+            hits: r.per_layer.iter().map(|c| c.0).sum(),
+            misses: r.per_layer.iter().map(|c| c.1).sum(),
+            per_layer: r.per_layer.clone(),
+            ..TierStats::default()
+        }
+    }
+
+    pub fn observed_profile(&self) -> ExpertProfile {
+        scratch::lock(&self.routing).observed.clone()
+    }
+}
+
+impl Drop for PinnedExperts {
+    fn drop(&mut self) {
+        let Some(path) = &self.save_profile_to else {
+            return;
+        };
+        let profile = self.observed_profile();
+        if profile.is_empty() {
+            return;
+        }
+        match profile.save(path) {
+            Ok(()) => tracing::info!("expert profile written to {}", path.display()),
+            Err(e) => tracing::warn!("writing the expert profile failed: {e}"),
+        }
+    }
+}
+
+/// Bytes of every routed expert of the model (gate, up and down of every layer).
+pub(super) fn routed_expert_bytes(weights: &Weights) -> u64 {
+    let sum = |list: &[QuantMatrix]| list.iter().map(|m| m.bytes().len() as u64).sum::<u64>();
+    weights
+        .layers
+        .iter()
+        .map(|l| sum(&l.moe.gate) + sum(&l.moe.up) + sum(&l.moe.down))
+        .sum()
+}
+
+/// Which experts of each layer get a VRAM copy beside the pinned tensors: the `expert_slots` the
+/// plan leaves room for, the most used of `--expert-profile` when the file exists, else the same
+/// share of every layer.
+pub(super) fn hot_expert_sets(
+    tiers: &TierArgs,
+    weights: &Weights,
+    config: &Config,
+    plan: &MemoryPlan,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let n_layers = weights.layers.len();
+    let n_expert = config.moe.n_expert;
+    let profile = match &tiers.expert_profile {
+        Some(path) if path.exists() => crate::tiers::ExpertProfile::load(path)?,
+        _ => crate::tiers::ExpertProfile::uniform(n_layers as u32, n_expert as u32),
+    };
+    let slots = usize::try_from(plan.expert_slots)?;
+    Ok(profile.hot_sets(n_layers, n_expert, slots))
+}
+
+/// The VRAM copy of a layer's hot experts `set` (`None` when it has none).
+pub(super) fn upload_hot(
+    c: &GpuContext,
+    m: &crate::model::weights::MoeWeights,
+    set: &[u32],
+) -> Result<Option<HotExperts>, GpuError> {
+    if set.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(HotExperts {
+        gate_up: upload_expert_units(
+            c,
+            "hot ffn_gate_up_exps",
+            &[&m.gate, &m.up],
+            set,
+            Placement::Vram,
+        )?,
+        down: upload_expert_units(c, "hot ffn_down_exps", &[&m.down], set, Placement::Vram)?,
+        experts: set.to_vec(),
+    }))
+}
+
+/// Host memory left free beside pinned experts, so the system and the page cache keep room.
+const PINNED_HOST_RESERVE: u64 = 2 << 30;
+
+/// Whether experts that do not fit the VRAM budget go to pinned host memory (`--experts
+/// pinned`, or `auto` when the adapter and the host allow it) rather than VRAM slots. An
+/// explicit `pinned` that cannot be honoured is an error; `auto` falls back to slots and says why.
+pub(super) fn choose_pinned(
+    ctx: &GpuContext,
+    tiers: &TierArgs,
+    expert_bytes: u64,
+) -> anyhow::Result<bool> {
+    let why_not = if !ctx.has_host_storage() {
+        Some(format!(
+            "the adapter ({}) cannot read storage buffers in host memory",
+            ctx.adapter.backend
+        ))
+    } else if let Some(budget) = tiers.ram_budget.filter(|&b| b < expert_bytes) {
+        Some(format!(
+            "the experts need {} of host RAM but --ram-budget is {}",
+            format_size(expert_bytes),
+            format_size(budget)
+        ))
+    } else {
+        match crate::tiers::host_memory_available() {
+            Some(free) if free < expert_bytes + PINNED_HOST_RESERVE => Some(format!(
+                "the experts need {} of host RAM (plus a reserve of {}) but the system has {} \
+                 available",
+                format_size(expert_bytes),
+                format_size(PINNED_HOST_RESERVE),
+                format_size(free)
+            )),
+            _ => None,
+        }
+    };
+    match (tiers.experts, why_not) {
+        (ExpertsArg::Pinned, Some(why)) => {
+            anyhow::bail!(
+                "--experts pinned: {why}; use --experts mmap (VRAM slots fed from the file)"
+            )
+        }
+        (ExpertsArg::Pinned, None) => Ok(true),
+        (ExpertsArg::Auto, None) => Ok(true),
+        (ExpertsArg::Auto, Some(why)) => {
+            eprintln!(
+                "experts: {why}, so they are served through VRAM slots from the file (--experts mmap)"
+            );
+            Ok(false)
+        }
+        _ => Ok(false),
+    }
+}
