@@ -302,3 +302,25 @@ fn hits_and_misses_are_counted_per_layer() {
         .fold((0, 0), |(h, m), (a, b)| (h + a, m + b));
     assert_eq!((hits, misses), (cache.stats().hits, cache.stats().misses));
 }
+
+/// The hot experts of a static VRAM copy: the `slots` most used of the profile, per layer, in
+/// ascending expert order; keys outside the model are ignored; the uniform profile gives every
+/// layer the same share.
+#[test]
+fn hot_sets_take_the_most_used_experts_per_layer() {
+    let mut profile = ExpertProfile::new();
+    profile.add(ExpertKey::new(0, 5), 50);
+    profile.add(ExpertKey::new(1, 2), 40);
+    profile.add(ExpertKey::new(0, 1), 30);
+    profile.add(ExpertKey::new(7, 0), 100); // no layer 7 in a 2-layer model
+    profile.add(ExpertKey::new(1, 9), 90); // no expert 9 among 8
+    profile.add(ExpertKey::new(1, 3), 10);
+    assert_eq!(profile.hot_sets(2, 8, 3), vec![vec![1, 5], vec![2]]);
+    assert_eq!(profile.hot_sets(2, 8, 0), vec![Vec::<u32>::new(), vec![]]);
+    assert_eq!(profile.hot_sets(2, 8, 99), vec![vec![1, 5], vec![2, 3]]);
+    let uniform = ExpertProfile::uniform(3, 4);
+    assert_eq!(
+        uniform.hot_sets(3, 4, 7),
+        vec![vec![0, 1, 2], vec![0, 1], vec![0, 1]]
+    );
+}

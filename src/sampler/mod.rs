@@ -13,9 +13,14 @@
 //!    candidates in sorted order until the cumulative (unnormalised) mass exceeds `u × total`.
 //!
 //! Unnormalised probabilities are `exp((l - l_max) / T)` computed in f64 (so a tiny temperature
-//! cannot overflow), summed in candidate order.
+//! cannot overflow), truncated to multiples of 2⁻¹⁰⁰ and summed as integers (`mass`): exact, so
+//! the sums do not depend on their order. `top_p` and `u` are taken as multiples of 2⁻⁵³, and the
+//! targets `top_p × total` and `u × total` are rounded down. The min-p threshold is
+//! `min_p × p_max` as a mass, rounded down the same way.
 
 pub mod logprobs;
+mod mass;
+mod select;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
@@ -313,54 +318,91 @@ impl Sampler {
         }
     }
 
-    /// Steps 2–6: temperature, sort, top-k, top-p, min-p. Returns (id, unnormalised probability)
-    /// in sorted order, never empty.
-    fn candidates(&self, row: &[f32], inv_temperature: f64) -> Vec<(u32, f64)> {
+    /// Steps 2–6: temperature, sort, top-k, top-p, min-p. Returns the kept candidates as (id,
+    /// mass) in candidate order, never empty.
+    ///
+    /// With a top-k cut only those `k` tokens are sorted. Without one, the total mass is summed
+    /// over every token in id order (masses are exact integers, see [`mass`]) and sorted prefixes
+    /// of growing length are taken until the top-p and min-p cuts fall inside them: a peaked
+    /// distribution needs a few dozen sorted tokens, a flat one the whole vocabulary.
+    fn candidates(&self, row: &[f32], inv_temperature: f64) -> Vec<(u32, u128)> {
         let p = &self.params;
-        // Sorting the unscaled logits gives the same order (T > 0); scaling happens inside the
-        // exponent below, where it cannot overflow.
-        // Masked-out tokens (-inf) are never candidates.
-        let mut ids: Vec<(u32, f32)> = row
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| **l != f32::NEG_INFINITY)
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
-        // Total order: logit descending, then id ascending.
-        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < ids.len() {
-            ids.select_nth_unstable_by(p.top_k - 1, order);
-            ids.truncate(p.top_k);
-        }
-        ids.sort_unstable_by(order);
-        let max = ids.first().map(|c| c.1).unwrap_or(0.0) as f64;
-        let mut probs: Vec<(u32, f64)> = ids
-            .into_iter()
-            .map(|(id, l)| (id, ((l as f64 - max) * inv_temperature).exp()))
-            .collect();
-        let total: f64 = probs.iter().map(|c| c.1).sum();
-        if p.top_p < 1.0 {
-            let target = p.top_p as f64 * total;
-            let mut cumulative = 0.0;
-            let mut keep = probs.len();
-            for (i, c) in probs.iter().enumerate() {
-                cumulative += c.1;
-                if cumulative >= target {
-                    keep = i + 1;
-                    break;
-                }
+        // No cut at all (pure temperature): every token is a candidate, sorted.
+        let uncut = p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0;
+        let mut prefix_len = match (p.top_k, uncut) {
+            (0, true) => 0,
+            (0, false) => FIRST_PREFIX,
+            (k, _) => k,
+        };
+        let mut total_of_all = None;
+        loop {
+            let ids = select::first_candidates(row, prefix_len);
+            // Every candidate is in `ids` when the cut is top-k's or nothing was left out.
+            let whole = p.top_k > 0 || ids.len() < prefix_len || prefix_len == 0;
+            let max = f64::from(ids.first().map_or(0.0, |c| c.1));
+            let mut masses: Vec<(u32, u128)> = ids
+                .iter()
+                .map(|&(id, l)| (id, mass::mass(l, max, inv_temperature)))
+                .collect();
+            let total: u128 = if whole {
+                masses.iter().map(|c| c.1).sum()
+            } else {
+                *total_of_all.get_or_insert_with(|| {
+                    row.iter()
+                        .filter(|l| **l != f32::NEG_INFINITY)
+                        .map(|&l| mass::mass(l, max, inv_temperature))
+                        .sum()
+                })
+            };
+            if let Some(keep) = self.cut(&masses, total, whole) {
+                masses.truncate(keep);
+                return masses;
             }
-            probs.truncate(keep.max(1));
+            // The cuts fall past this prefix: take a longer one (0 = all).
+            prefix_len = match prefix_len.saturating_mul(8) {
+                n if n >= row.len() => 0,
+                n => n,
+            };
+        }
+    }
+
+    /// Steps 5 and 6 on the sorted `masses` (a prefix of the candidates, or all of them when
+    /// `whole`) of total mass `total`: how many to keep (at least 1), or `None` when a cut needs
+    /// candidates past the prefix.
+    fn cut(&self, masses: &[(u32, u128)], total: u128, whole: bool) -> Option<usize> {
+        let p = &self.params;
+        let mut keep = masses.len();
+        if p.top_p < 1.0 {
+            let target = mass::scale(mass::q53(f64::from(p.top_p)), total);
+            let mut cumulative = 0u128;
+            let reached = masses.iter().position(|c| {
+                cumulative += c.1;
+                cumulative >= target
+            });
+            match reached {
+                Some(i) => keep = i + 1,
+                None if !whole => return None,
+                None => {}
+            }
         }
         if p.min_p > 0.0 {
             // The first candidate has probability exp(0) = 1 relative to itself.
-            let threshold = p.min_p as f64;
-            let keep = probs.iter().take_while(|c| c.1 >= threshold).count();
-            probs.truncate(keep.max(1));
+            let threshold = mass::mass_of_probability(f64::from(p.min_p));
+            let below = masses[..keep].iter().position(|c| c.1 < threshold);
+            match below {
+                Some(i) => keep = i,
+                None if !whole && keep == masses.len() => return None,
+                None => {}
+            }
+        } else if !whole && keep == masses.len() {
+            return None;
         }
-        probs
+        Some(keep.max(1))
     }
 }
+
+/// Length of the first sorted prefix taken when there is no top-k cut.
+const FIRST_PREFIX: usize = 64;
 
 /// Set the logits of tokens the mask forbids (and of ids past its end) to -inf.
 fn apply_mask(row: &mut [f32], allowed: &[bool], position: usize) -> Result<(), SamplerError> {
@@ -390,10 +432,10 @@ pub fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-fn draw(candidates: &[(u32, f64)], u: f64) -> u32 {
-    let total: f64 = candidates.iter().map(|c| c.1).sum();
-    let target = u * total;
-    let mut cumulative = 0.0;
+fn draw(candidates: &[(u32, u128)], u: f64) -> u32 {
+    let total: u128 = candidates.iter().map(|c| c.1).sum();
+    let target = mass::scale(mass::q53(u), total);
+    let mut cumulative = 0u128;
     for c in candidates {
         cumulative += c.1;
         if cumulative > target {

@@ -199,7 +199,7 @@ mod tests {
         let defaults = Cli::try_parse_from(["strata"]).expect("parse").tiers;
         let expected = TierArgs::default();
         assert_eq!(defaults.vram_budget, expected.vram_budget);
-        assert_eq!(defaults.experts, ExpertsArg::Mmap);
+        assert_eq!(defaults.experts, ExpertsArg::Auto);
         assert_eq!(defaults.ple_io, IoMode::Mmap);
         assert_eq!(defaults.ple_row_cache, expected.ple_row_cache);
         assert_eq!(defaults.ple_reader_options(), PleReaderOptions::default());

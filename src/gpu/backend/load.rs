@@ -389,6 +389,11 @@ impl GpuBackend {
                 ffn_hc: upload_hc(c, &lw.ffn_hc)?,
                 moe,
             });
+            // wgpu fills each buffer through a staging copy that lives until a submission
+            // completes: flush per layer, so staging never holds more than one layer's weights
+            // (the whole expert set, otherwise, on top of its pinned copy).
+            c.queue.submit(std::iter::empty());
+            c.wait()?;
         }
         // RoPE table for every position a sequence can reach (host f64 sin/cos of f32 angles).
         let a = &config.attention;
