@@ -505,6 +505,25 @@ fn pinned_experts_give_the_same_bits() {
         assert_same_bytes(label, &expected, &feed_all(&backend, &prompt, 1));
         assert_same_bytes(label, &expected, &feed_all(&backend, &prompt, 7));
     }
+    // Promotion rounds every 2 tokens: busy experts of layer 1 move into its hot units while
+    // the prompt runs, token by token and in chunks; the bits stay the same.
+    for chunk in [1, 7] {
+        let moving = load(&ctx, &path, &pinned(budget, Some(one_layer.clone()))).expect("load");
+        moving.set_promote_every(2);
+        let label = format!("pinned, promotions, chunks of {chunk}");
+        assert_same_bytes(&label, &expected, &feed_all(&moving, &prompt, chunk));
+        let stats = moving.tier_stats().expect("stats");
+        println!(
+            "{label}: {} promotions, {} bytes",
+            stats.promotions, stats.bytes_uploaded
+        );
+        assert!(
+            stats.promotions > 0 && stats.bytes_uploaded > 0,
+            "{label}: no promotion"
+        );
+        // Once promoted, the same prompt again: still the same bits.
+        assert_same_bytes(&label, &expected, &feed_all(&moving, &prompt, chunk));
+    }
     let _ = std::fs::remove_file(&one_layer);
 
     // No hot copies: a profile naming no expert of this model (layer 99).

@@ -725,13 +725,15 @@ fn bench_model(
         let bus = pinned.1 as f64 * (1.0 - t.hit_rate());
         eprintln!(
             "experts: all in pinned host memory ({:.2} GB), read in place; {} hot copies in VRAM, \
-             hit rate {:.1}% over every token fed ({} hits, {} misses); {:.3} GB per decoded token \
-             over the bus = {:.2} GB/s at the decode rate",
+             hit rate {:.1}% over every token fed ({} hits, {} misses), {} promotions ({:.2} GB \
+             copied); {:.3} GB per decoded token over the bus = {:.2} GB/s at the decode rate",
             pinned.0 as f64 / 1e9,
             t.slots,
             t.hit_rate() * 100.0,
             t.hits,
             t.misses,
+            t.promotions,
+            t.bytes_uploaded as f64 / 1e9,
             bus / 1e9,
             bus * decode_tps / 1e9
         );
@@ -781,6 +783,7 @@ fn bench_model(
                 .collect::<Vec<_>>(),
             "bytes_uploaded": t.bytes_uploaded,
             "upload_gb_per_s": t.upload_gb_per_s(),
+            "promotions": t.promotions,
         })),
         "host_rss_bytes": rss,
         "model": backend.info().name,

@@ -28,7 +28,12 @@ impl Placement {
     fn usage(self) -> wgpu::BufferUsages {
         match self {
             Placement::Vram => wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            Placement::Host => wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::MAP_READ,
+            // COPY_SRC: units are copied from here into VRAM copies (hot experts).
+            Placement::Host => {
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::MAP_READ
+                    | wgpu::BufferUsages::COPY_SRC
+            }
         }
     }
 }
@@ -238,6 +243,38 @@ impl GpuWeight {
 
     pub fn bytes(&self) -> usize {
         self.row_bytes * self.n_rows
+    }
+
+    /// Where unit `unit` (an expert of a stacked tensor) lies: (buffer, byte offset, length) of
+    /// its rows — one range, or two in a split layout (block bodies, then scales). Two tensors of
+    /// the same type and unit shape give ranges of equal lengths, so a unit can be copied from one
+    /// to the other range by range.
+    pub fn unit_ranges(&self, unit: usize) -> Option<Vec<(&wgpu::Buffer, u64, u64)>> {
+        let row = unit.checked_mul(self.rows_per_unit)?;
+        let part = self
+            .parts
+            .iter()
+            .find(|p| row >= p.first_row && row < p.first_row + p.n_rows)?;
+        let local = (row - part.first_row) as u64;
+        let rows = self.rows_per_unit as u64;
+        Some(match self.split {
+            Some(_) => {
+                let d_row = (self.row_len / self.ty.block_size() * 2) as u64;
+                let stride = self.row_stride as u64;
+                vec![
+                    (&part.buffer, local * stride, rows * stride),
+                    (
+                        &part.buffer,
+                        part.d_base as u64 + local * d_row,
+                        rows * d_row,
+                    ),
+                ]
+            }
+            None => {
+                let stride = self.row_bytes as u64;
+                vec![(&part.buffer, local * stride, rows * stride)]
+            }
+        })
     }
 }
 

@@ -82,6 +82,8 @@ pub struct TierStats {
     pub bytes_preloaded: u64,
     /// Host time spent checking and queueing miss uploads.
     pub upload_seconds: f64,
+    /// Pinned experts: hot-unit promotions so far (their bytes are in `bytes_uploaded`).
+    pub promotions: u64,
     /// Extra sub-batches prefill needed because a chunk's experts did not fit the slots at once.
     pub extra_sub_batches: u64,
     /// PLE row reader counters (None when the table is read from memory).
@@ -467,6 +469,7 @@ impl ExpertTier {
             bytes_preloaded: c.bytes_preloaded,
             upload_seconds: state.upload_seconds,
             extra_sub_batches: state.extra_sub_batches,
+            promotions: 0,
             ple: None,
         }
     }

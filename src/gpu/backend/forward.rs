@@ -249,6 +249,7 @@ impl GpuSequence {
             let log: Vec<u32> =
                 bytemuck::pod_collect_to_vec(&read_staging(c, &staging).map_err(gpu_err)?);
             pinned.record(&log, t * b.config.moe.n_expert_used);
+            b.promote_hot_experts().map_err(gpu_err)?;
         }
         if let Some(t) = &timestamps {
             self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);

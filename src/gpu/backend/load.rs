@@ -427,6 +427,7 @@ impl GpuBackend {
                 expert_bytes,
                 &hot_sets,
                 config.moe.n_expert,
+                config.moe.n_expert_used,
                 tiers,
             )?)
         } else {

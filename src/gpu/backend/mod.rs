@@ -213,6 +213,14 @@ impl GpuBackend {
         self.pinned.as_ref().map_or(0, |p| p.bytes)
     }
 
+    /// Pinned experts: promotion rounds every `tokens` tokens of routing (0: never; the default
+    /// is 256). Where bytes are read from never changes a result; tests set it low.
+    pub fn set_promote_every(&self, tokens: usize) {
+        if let Some(p) = &self.pinned {
+            p.set_promote_every(tokens * self.config.moe.n_expert_used);
+        }
+    }
+
     /// Experts with a VRAM copy beside the pinned tensors (0 unless pinned).
     pub fn hot_expert_count(&self) -> usize {
         self.pinned.as_ref().map_or(0, |p| p.hot_experts())

@@ -22,10 +22,11 @@ pub(super) struct PinnedExperts {
     /// `layers x n_expert` entries: the unit of (layer, expert) in the layer's [`HotExperts`], or
     /// `u32::MAX`.
     pub map: GpuBuf,
-    host_map: Vec<u32>,
     n_expert: usize,
     hot: usize,
     routing: Mutex<Routing>,
+    /// Routed items per layer between promotion rounds (0: never promote).
+    promote_every: std::sync::atomic::AtomicUsize,
     /// Write the observed profile here when dropped (`--expert-profile` naming a missing file).
     save_profile_to: Option<PathBuf>,
 }
@@ -35,7 +36,30 @@ struct Routing {
     /// (hits, misses) per layer: items served by a hot copy, and by the host tensor.
     per_layer: Vec<(u64, u64)>,
     observed: ExpertProfile,
+    /// The host's copy of `map`.
+    host_map: Vec<u32>,
+    /// Recent use of each expert, `[layer][expert]`, halved after every promotion round.
+    recent: Vec<Vec<u32>>,
+    /// The expert each hot unit holds, `[layer][unit]`.
+    units: Vec<Vec<u32>>,
+    /// Routed items per layer counted since the last promotion round.
+    since: usize,
+    promotions: u64,
+    promoted_bytes: u64,
 }
+
+/// One promotion: hot unit `unit` of `layer` takes `expert` in place of `evicted`.
+pub(super) struct Swap {
+    pub layer: usize,
+    pub unit: usize,
+    pub evicted: u32,
+    pub expert: u32,
+}
+
+/// Tokens between promotion rounds (routed items per layer ÷ top-k), unless set otherwise.
+const PROMOTE_EVERY_TOKENS: usize = 256;
+/// Swaps per layer per round at most, so a round costs a bounded copy.
+const MAX_SWAPS_PER_LAYER: usize = 8;
 
 impl PinnedExperts {
     pub fn new(
@@ -43,6 +67,7 @@ impl PinnedExperts {
         bytes: u64,
         sets: &[Vec<u32>],
         n_expert: usize,
+        n_expert_used: usize,
         tiers: &TierArgs,
     ) -> Result<Self, GpuError> {
         let mut host_map = vec![u32::MAX; sets.len() * n_expert];
@@ -59,13 +84,18 @@ impl PinnedExperts {
         Ok(PinnedExperts {
             bytes,
             map: GpuBuf::from_u32(c, "expert map", &host_map)?,
-            host_map,
             n_expert,
             hot: sets.iter().map(Vec::len).sum(),
             routing: Mutex::new(Routing {
                 per_layer: vec![(0, 0); sets.len()],
-                observed: ExpertProfile::new(),
+                recent: vec![vec![0; n_expert]; sets.len()],
+                units: sets.to_vec(),
+                host_map,
+                ..Routing::default()
             }),
+            promote_every: std::sync::atomic::AtomicUsize::new(
+                PROMOTE_EVERY_TOKENS * n_expert_used,
+            ),
             save_profile_to,
         })
     }
@@ -78,13 +108,18 @@ impl PinnedExperts {
     pub fn record(&self, log: &[u32], items_per_layer: usize) {
         let n_expert = self.n_expert;
         let mut r = scratch::lock(&self.routing);
+        r.since += items_per_layer;
         let Routing {
             per_layer,
             observed,
+            recent,
+            host_map,
+            ..
         } = &mut *r;
-        for (layer, (ids, counts)) in log
+        for (layer, ((ids, counts), recent)) in log
             .chunks(items_per_layer.max(1))
             .zip(per_layer.iter_mut())
+            .zip(recent.iter_mut())
             .enumerate()
         {
             for &e in ids {
@@ -92,7 +127,8 @@ impl PinnedExperts {
                     continue;
                 }
                 observed.record(ExpertKey::new(layer as u32, e));
-                if self.host_map[layer * n_expert + e as usize] == u32::MAX {
+                recent[e as usize] = recent[e as usize].saturating_add(1);
+                if host_map[layer * n_expert + e as usize] == u32::MAX {
                     counts.1 += 1;
                 } else {
                     counts.0 += 1;
@@ -101,14 +137,85 @@ impl PinnedExperts {
         }
     }
 
+    /// Routed items per layer between promotion rounds (0: never); tests set it low.
+    pub fn set_promote_every(&self, items: usize) {
+        self.promote_every
+            .store(items, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When a round is due: the swaps that bring recently busy experts into the hot units of
+    /// their layer in place of idle ones (an expert must have been used more than twice as often
+    /// as the one it evicts, so the set does not churn), with the host's map updated; the caller
+    /// copies the bytes and writes the GPU's map before the next submission. The choice depends only on the routing seen, so it
+    /// is the same on every run, and it never changes a result's bits, only where bytes are read.
+    pub fn due_swaps(&self) -> Vec<Swap> {
+        let every = self
+            .promote_every
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut r = scratch::lock(&self.routing);
+        if every == 0 || r.since < every {
+            return Vec::new();
+        }
+        r.since = 0;
+        let n_expert = self.n_expert;
+        let mut swaps = Vec::new();
+        let Routing {
+            recent,
+            units,
+            host_map,
+            ..
+        } = &mut *r;
+        for (layer, (recent, units)) in recent.iter_mut().zip(units.iter_mut()).enumerate() {
+            if units.is_empty() {
+                continue;
+            }
+            let mut hot: Vec<usize> = (0..units.len()).collect();
+            hot.sort_by_key(|&u| (recent[units[u] as usize], units[u]));
+            let is_hot = |e: u32| units.contains(&e);
+            let mut cold: Vec<u32> = (0..n_expert as u32).filter(|&e| !is_hot(e)).collect();
+            cold.sort_by_key(|&e| (std::cmp::Reverse(recent[e as usize]), e));
+            for (&unit, &expert) in hot.iter().zip(&cold).take(MAX_SWAPS_PER_LAYER) {
+                let evicted = units[unit];
+                if recent[expert as usize] <= 2 * recent[evicted as usize] + 1 {
+                    break;
+                }
+                swaps.push(Swap {
+                    layer,
+                    unit,
+                    evicted,
+                    expert,
+                });
+            }
+            for s in swaps.iter().filter(|s| s.layer == layer) {
+                units[s.unit] = s.expert;
+                host_map[layer * n_expert + s.evicted as usize] = u32::MAX;
+                host_map[layer * n_expert + s.expert as usize] = s.unit as u32;
+            }
+            for c in recent.iter_mut() {
+                *c /= 2;
+            }
+        }
+        drop(r);
+        swaps
+    }
+
+    /// Count applied swaps and the bytes they copied.
+    pub fn note_swaps(&self, swaps: usize, bytes: u64) {
+        let mut r = scratch::lock(&self.routing);
+        r.promotions += swaps as u64;
+        r.promoted_bytes += bytes;
+    }
+
     pub fn stats(&self) -> TierStats {
         let r = scratch::lock(&self.routing);
         TierStats {
             slots: self.hot,
-            total_experts: self.host_map.len() as u64,
+            total_experts: r.host_map.len() as u64,
             hits: r.per_layer.iter().map(|c| c.0).sum(),
             misses: r.per_layer.iter().map(|c| c.1).sum(),
             per_layer: r.per_layer.clone(),
+            bytes_uploaded: r.promoted_bytes,
+            promotions: r.promotions,
             ..TierStats::default()
         }
     }
@@ -234,5 +341,69 @@ pub(super) fn choose_pinned(
             Ok(false)
         }
         _ => Ok(false),
+    }
+}
+
+impl GpuBackend {
+    /// Pinned experts: run a promotion round when one is due (after a chunk's routing was
+    /// recorded, with this feed's work finished): copy each newly hot expert from host memory into
+    /// its unit, GPU-side, and point the map at it. Queued before the next submission, so no
+    /// kernel sees a unit change under it.
+    pub(super) fn promote_hot_experts(&self) -> Result<(), GpuError> {
+        let Some(pinned) = &self.pinned else {
+            return Ok(());
+        };
+        let swaps = pinned.due_swaps();
+        if swaps.is_empty() {
+            return Ok(());
+        }
+        let c = &*self.ctx;
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("promote hot experts"),
+            });
+        let mut bytes = 0u64;
+        let n_expert = self.config.moe.n_expert;
+        for s in &swaps {
+            let Some(e) = self
+                .layers
+                .get(s.layer)
+                .and_then(|l| l.moe.experts.as_ref())
+            else {
+                continue;
+            };
+            let Some(hot) = &e.hot else { continue };
+            for (from, to) in [(&e.gate_up, &hot.gate_up), (&e.down, &hot.down)] {
+                let (Some(src), Some(dst)) =
+                    (from.unit_ranges(s.expert as usize), to.unit_ranges(s.unit))
+                else {
+                    return Err(GpuError::BadArgs(format!(
+                        "layer {}: no unit for expert {} or hot unit {}",
+                        s.layer, s.expert, s.unit
+                    )));
+                };
+                for ((sb, so, len), (db, dof, dlen)) in src.into_iter().zip(dst) {
+                    if len != dlen || len % 4 != 0 || so % 4 != 0 || dof % 4 != 0 {
+                        return Err(GpuError::BadArgs(format!(
+                            "{}: unit ranges of {len} and {dlen} bytes cannot be copied",
+                            to.name
+                        )));
+                    }
+                    encoder.copy_buffer_to_buffer(sb, so, db, dof, len);
+                    bytes += len;
+                }
+            }
+            let base = s.layer * n_expert;
+            pinned
+                .map
+                .write_u32(c, base + s.evicted as usize, &[u32::MAX])?;
+            pinned
+                .map
+                .write_u32(c, base + s.expert as usize, &[s.unit as u32])?;
+        }
+        c.queue.submit([encoder.finish()]);
+        pinned.note_swaps(swaps.len(), bytes);
+        Ok(())
     }
 }
