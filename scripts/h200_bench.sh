@@ -4,7 +4,11 @@
 # Expects, carried from the development machine: .gl (Vulkan loader debs), .devbin/strata (release
 # build), .devdata/tiny (oracle fixture subset) and .devdata/tools (oracle_check.py, the synthetic
 # model writer). Writes logs and JSON under $OUT.
-#   STAGES="oracle matvec model" (default all), LAYERS=48, SKEW=0, EXTRA_BENCH="...".
+#   STAGES="oracle matvec model" (default all; "tiers" is extra), LAYERS=48, SKEW=0,
+#   EXTRA_BENCH="...".
+#   STAGES=tiers: the 12 GB card (issue 10) on a file of router skew TIER_SKEW (default 0.2):
+#   `--vram-budget ${TIER_BUDGET:-12GiB}` with the default `--experts auto` (pinned), twice: the
+#   first run writes the routing it saw to an expert profile, the second starts from it.
 #   SWEEP="A=1 B=2;A=2" (with the model stage): the model bench again under each ;-separated set
 #   of environment settings (tuning overrides such as STRATA_PREFILL_ROWS), prefill 512, decode 16.
 #   MSWEEP="A=1;A=2": the mat-vec bench (MATVEC_TYPES, MATVEC_SHAPES) under each set of settings.
@@ -52,6 +56,21 @@ if [[ " $STAGES " == *" model "* ]]; then
         --router-skew "$SKEW" >/dev/null 2>&1 || { echo "synthetic model failed"; exit 1; }
     "$S" bench --model /tmp/f.gguf --prefill "${PREFILL:-512,4096}" --decode "${DECODE:-64}" \
         ${EXTRA_BENCH:-} --json "$OUT/model.json" 2>&1 >/dev/null | tee "$OUT/model.txt"
+fi
+
+if [[ " $STAGES " == *" tiers "* ]]; then
+    echo "== tiers: budget ${TIER_BUDGET:-12GiB}, router skew ${TIER_SKEW:-0.2}"
+    if [[ ! -f /tmp/f.gguf || "${TIER_SKEW:-0.2}" != "$SKEW" || " $STAGES " != *" model "* ]]; then
+        python3 .devdata/tools/make_synthetic_full.py /tmp/f.gguf --layers "$LAYERS" \
+            --router-skew "${TIER_SKEW:-0.2}" >/dev/null 2>&1 || { echo "synthetic model failed"; exit 1; }
+    fi
+    rm -f /tmp/profile.txt
+    for run in 1 2; do
+        echo "-- run $run (profile: $([[ -f /tmp/profile.txt ]] && echo loaded || echo written at exit))"
+        "$S" bench --model /tmp/f.gguf --vram-budget "${TIER_BUDGET:-12GiB}" --prefill "${TIER_PREFILL:-512}" \
+            --decode "${TIER_DECODE:-64}" --expert-profile /tmp/profile.txt \
+            --json "$OUT/tiers$run.json" 2>&1 >/dev/null | grep -v "^  " | tee "$OUT/tiers$run.txt"
+    done
 fi
 
 if [[ -n "${SWEEP:-}" && " $STAGES " == *" model "* ]]; then
