@@ -159,6 +159,42 @@ fn f16_logits_are_bit_identical_with_minimum_slots() {
         &expected,
         &feed_all(&tiered, &prompt, 1),
     );
+    if !ctx.has_host_storage() {
+        return;
+    }
+    // Pinned, with promotions (F16 experts are whole GGUF rows, not the split layout of IQ3_S:
+    // the other way units are copied).
+    let profile = one_layer_profile("f16");
+    let pinned = TierArgs {
+        vram_budget: Some(budget_for_slots(&ctx, &path, top_k + 3).0),
+        experts: ExpertsArg::Pinned,
+        expert_profile: Some(profile.clone()),
+        ..TierArgs::default()
+    };
+    let moving = load(&ctx, &path, &pinned).expect("pinned load");
+    moving.set_promote_every(2);
+    assert_same_bytes(
+        "F16, pinned, promotions",
+        &expected,
+        &feed_all(&moving, &prompt, 3),
+    );
+    let stats = moving.tier_stats().expect("stats");
+    assert!(stats.promotions > 0, "F16: no promotion");
+    let _ = std::fs::remove_file(&profile);
+}
+
+/// A profile whose hot experts are 0, 1 and 2 of layer 1 only (the other layers get none).
+fn one_layer_profile(tag: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "strata-tiers-gpu-{tag}-profile-{}.txt",
+        std::process::id()
+    ));
+    let mut profile = ExpertProfile::new();
+    for e in 0..3 {
+        profile.add(strata::tiers::ExpertKey::new(1, e), 10 - u64::from(e));
+    }
+    profile.save(&path).expect("profile");
+    path
 }
 
 fn placements_match(ctx: &Arc<GpuContext>, path: &Path, prompt: &[u32]) {
@@ -456,15 +492,7 @@ fn pinned_experts_give_the_same_bits() {
         println!("SKIPPED pinned cases: the adapter cannot read host memory");
         return;
     }
-    let one_layer = std::env::temp_dir().join(format!(
-        "strata-tiers-gpu-pinned-profile-{}.txt",
-        std::process::id()
-    ));
-    let mut profile = ExpertProfile::new();
-    for e in 0..3 {
-        profile.add(strata::tiers::ExpertKey::new(1, e), 10 - u64::from(e));
-    }
-    profile.save(&one_layer).expect("profile");
+    let one_layer = one_layer_profile("pinned");
     let pinned = |budget: u64, profile: Option<PathBuf>| TierArgs {
         vram_budget: Some(budget),
         experts: ExpertsArg::Pinned,
