@@ -1,4 +1,4 @@
-//! Memory-map hints and pinning.
+//! Memory-map hints and pinning, and how much memory the host can still give.
 //!
 //! Page-cache hints (`madvise`) are advisory: on Unix they go to the kernel, elsewhere they are
 //! accepted and ignored (`Ok`), since a missing hint only costs read-ahead efficiency. Locking
@@ -71,6 +71,23 @@ pub fn lock(map: &Mmap) -> io::Result<()> {
     }
 }
 
+/// Memory the host can still give without swapping: `MemAvailable` of `/proc/meminfo` on Linux;
+/// `None` elsewhere (and where the file cannot be read), so callers try and report a failed
+/// allocation instead.
+#[cfg(target_os = "linux")]
+pub fn available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Memory the host can still give: not queried on this OS yet.
+#[cfg(not(target_os = "linux"))]
+pub fn available_bytes() -> Option<u64> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +107,12 @@ mod tests {
         } else {
             assert_eq!(kind, Some(io::ErrorKind::Unsupported));
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn available_memory_is_known_on_linux() {
+        let bytes = super::available_bytes().expect("MemAvailable");
+        assert!(bytes > 1 << 20, "{bytes} bytes available");
     }
 }

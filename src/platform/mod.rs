@@ -3,7 +3,8 @@
 //! and behaves the same everywhere:
 //!
 //! * [`pread`]: positioned reads of a shared file (`pread` / `seek_read`).
-//! * [`memory`]: page-cache hints for memory maps (`madvise`) and pinning memory in RAM (`mlock`).
+//! * [`memory`]: page-cache hints for memory maps (`madvise`), pinning memory in RAM (`mlock`) and
+//!   the memory still available (Linux's `MemAvailable`).
 
 pub mod memory;
 pub mod pread;

@@ -137,15 +137,6 @@ impl TierArgs {
     }
 }
 
-/// Memory the host can still give without swapping (`MemAvailable` of `/proc/meminfo`); `None`
-/// where the system does not say.
-pub fn host_memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -315,7 +315,7 @@ pub(super) fn choose_pinned(
             format_size(budget)
         ))
     } else {
-        match crate::tiers::host_memory_available() {
+        match crate::platform::memory::available_bytes() {
             Some(free) if free < expert_bytes + PINNED_HOST_RESERVE => Some(format!(
                 "the experts need {} of host RAM (plus a reserve of {}) but the system has {} \
                  available",
