@@ -42,8 +42,9 @@ pub enum ExpertsArg {
     /// (within --ram-budget), else `mmap`; the load prints which and why.
     #[default]
     Auto,
-    /// Every expert in page-locked host memory that the GPU reads in place over the bus: no
-    /// VRAM slots, no upload, no host round trip per layer. Needs RAM for all experts.
+    /// Every expert in page-locked host memory that the GPU reads in place over the bus, the
+    /// hottest also copied into the VRAM left free (promoted as routing shifts): no upload per
+    /// miss, no host round trip per layer. Needs RAM for all experts.
     Pinned,
     /// VRAM slots filled on demand from slices of the memory-mapped GGUF: the page cache is the
     /// RAM tier, no second copy.
@@ -89,8 +90,9 @@ pub struct TierArgs {
     /// Rows of the PLE table kept in the row cache (0: no cache).
     #[arg(long, value_name = "ROWS", default_value_t = ple_reader::DEFAULT_CACHE_ROWS)]
     pub ple_row_cache: usize,
-    /// Expert usage profile to fill the VRAM slots at start (written by `strata bench` or at
-    /// shutdown). Without it, the first experts of every layer are loaded.
+    /// Expert usage profile that picks the experts in VRAM (slots or hot copies) at start. A
+    /// file that does not exist yet gets the routing seen, written at exit. Without it, the first
+    /// experts of every layer are loaded.
     #[arg(long, value_name = "FILE")]
     pub expert_profile: Option<PathBuf>,
 }
