@@ -34,8 +34,9 @@ impl GpuSequence {
 
     /// Where layer `index`'s routed experts are computed from: the whole tensors, or — pinned,
     /// with hot copies in VRAM — the hot units for the items whose expert has one and the host
-    /// tensors for the rest (split by `moe_split_ids`, which also logs the choices). Every item comes from exactly one source, with
-    /// the same kernel and the same bytes, so the bits never depend on the split.
+    /// tensors for the rest (split by `moe_split_ids`, which also logs the choices). Every item
+    /// comes from exactly one source, with the same kernel and the same bytes, so the bits never
+    /// depend on the split.
     fn expert_sources<'a>(
         &'a self,
         rec: &mut Recorder,

@@ -35,7 +35,8 @@ pub(super) struct PinnedExperts {
 struct Routing {
     /// (hits, misses) per layer: items served by a hot copy, and by the host tensor.
     per_layer: Vec<(u64, u64)>,
-    observed: ExpertProfile,
+    /// Every use of each expert since load, `[layer][expert]` (the profile written at exit).
+    observed: Vec<Vec<u64>>,
     /// The host's copy of `map`.
     host_map: Vec<u32>,
     /// Recent use of each expert, `[layer][expert]`, halved after every promotion round.
@@ -88,6 +89,7 @@ impl PinnedExperts {
             hot: sets.iter().map(Vec::len).sum(),
             routing: Mutex::new(Routing {
                 per_layer: vec![(0, 0); sets.len()],
+                observed: vec![vec![0; n_expert]; sets.len()],
                 recent: vec![vec![0; n_expert]; sets.len()],
                 units: sets.to_vec(),
                 host_map,
@@ -116,17 +118,18 @@ impl PinnedExperts {
             host_map,
             ..
         } = &mut *r;
-        for (layer, ((ids, counts), recent)) in log
+        for (layer, (((ids, counts), recent), observed)) in log
             .chunks(items_per_layer.max(1))
             .zip(per_layer.iter_mut())
             .zip(recent.iter_mut())
+            .zip(observed.iter_mut())
             .enumerate()
         {
             for &e in ids {
                 if e as usize >= n_expert {
                     continue;
                 }
-                observed.record(ExpertKey::new(layer as u32, e));
+                observed[e as usize] += 1;
                 recent[e as usize] = recent[e as usize].saturating_add(1);
                 if host_map[layer * n_expert + e as usize] == u32::MAX {
                     counts.1 += 1;
@@ -146,8 +149,9 @@ impl PinnedExperts {
     /// When a round is due: the swaps that bring recently busy experts into the hot units of
     /// their layer in place of idle ones (an expert must have been used more than twice as often
     /// as the one it evicts, so the set does not churn), with the host's map updated; the caller
-    /// copies the bytes and writes the GPU's map before the next submission. The choice depends only on the routing seen, so it
-    /// is the same on every run, and it never changes a result's bits, only where bytes are read.
+    /// copies the bytes and writes the GPU's map before the next submission. The choice depends
+    /// only on the routing seen, so it is the same on every run, and it never changes a result's
+    /// bits, only where bytes are read.
     pub fn due_swaps(&self) -> Vec<Swap> {
         let every = self
             .promote_every
@@ -221,7 +225,16 @@ impl PinnedExperts {
     }
 
     pub fn observed_profile(&self) -> ExpertProfile {
-        scratch::lock(&self.routing).observed.clone()
+        let r = scratch::lock(&self.routing);
+        let mut profile = ExpertProfile::new();
+        for (layer, counts) in r.observed.iter().enumerate() {
+            for (expert, &n) in counts.iter().enumerate() {
+                if n > 0 {
+                    profile.add(ExpertKey::new(layer as u32, expert as u32), n);
+                }
+            }
+        }
+        profile
     }
 }
 
