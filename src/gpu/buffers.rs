@@ -80,28 +80,6 @@ impl GpuWeight {
         Self::upload_with_limit(ctx, name, ty, row_len, n_rows, rows_per_unit, data, None)
     }
 
-    /// As [`Self::upload`], into memory of `placement`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn upload_placed(
-        ctx: &GpuContext,
-        name: &str,
-        ty: GgmlType,
-        row_len: usize,
-        n_rows: usize,
-        rows_per_unit: usize,
-        data: &[u8],
-        placement: Placement,
-    ) -> Result<Self, GpuError> {
-        Self::upload_in(
-            ctx,
-            name,
-            (ty, row_len, n_rows, rows_per_unit),
-            data,
-            None,
-            placement,
-        )
-    }
-
     /// As [`Self::upload`], with parts capped at `max_part_bytes` (below the adapter limit); tests
     /// use it to exercise split tensors on a small model.
     #[allow(clippy::too_many_arguments)]
@@ -115,18 +93,13 @@ impl GpuWeight {
         data: &[u8],
         max_part_bytes: Option<usize>,
     ) -> Result<Self, GpuError> {
-        Self::upload_in(
-            ctx,
-            name,
-            (ty, row_len, n_rows, rows_per_unit),
-            data,
-            max_part_bytes,
-            Placement::Vram,
-        )
+        let shape = (ty, row_len, n_rows, rows_per_unit);
+        Self::upload_in(ctx, name, shape, data, max_part_bytes, Placement::Vram)
     }
 
-    /// The upload itself: `shape` is (type, row length, rows, rows per unit).
-    fn upload_in(
+    /// The upload into memory of `placement`: `shape` is (type, row length, rows, rows per
+    /// unit), `data` the raw GGUF bytes of those rows; parts capped at `max_part_bytes` if given.
+    pub fn upload_in(
         ctx: &GpuContext,
         name: &str,
         shape: (GgmlType, usize, usize, usize),

@@ -50,16 +50,8 @@ pub(super) fn upload_expert_units(
         }
     }
     let unit_rows = first.rows * lists.len();
-    GpuWeight::upload_placed(
-        ctx,
-        name,
-        first.ty,
-        first.cols,
-        unit_rows * n,
-        unit_rows,
-        &bytes,
-        placement,
-    )
+    let shape = (first.ty, first.cols, unit_rows * n, unit_rows);
+    GpuWeight::upload_in(ctx, name, shape, &bytes, None, placement)
 }
 
 /// Whether expert gate and up can share one tensor (same type and shape).

@@ -32,6 +32,12 @@ impl GpuSequence {
         )
     }
 
+    /// (width, experts per token, routed expert width).
+    fn moe_dims(&self) -> (usize, usize, usize) {
+        let cfg = &self.backend.config;
+        (cfg.n_embd, cfg.moe.n_expert_used, cfg.moe.expert_ff)
+    }
+
     /// Where layer `index`'s routed experts are computed from: the whole tensors, or — pinned,
     /// with hot copies in VRAM — the hot units for the items whose expert has one and the host
     /// tensors for the rest (split by `moe_split_ids`, which also logs the choices). Every item
@@ -89,13 +95,9 @@ impl GpuSequence {
         index: usize,
         t: usize,
     ) -> Result<(), GpuError> {
-        let b = &self.backend;
-        let c = &*b.ctx;
+        let c = &*self.backend.ctx;
         let s = &self.scratch;
-        let cfg = &b.config;
-        let h = cfg.n_embd;
-        let k = cfg.moe.n_expert_used;
-        let f = cfg.moe.expert_ff;
+        let (h, k, f) = self.moe_dims();
         let items = t * k;
         let x = View::new(&s.x_in, 0, h);
         let gu = View::new(&s.expert_gu, 0, 2 * f);
@@ -169,13 +171,9 @@ impl GpuSequence {
         index: usize,
         t: usize,
     ) -> Result<(), GpuError> {
-        let b = &self.backend;
-        let c = &*b.ctx;
+        let c = &*self.backend.ctx;
         let s = &self.scratch;
-        let cfg = &b.config;
-        let h = cfg.n_embd;
-        let k = cfg.moe.n_expert_used;
-        let f = cfg.moe.expert_ff;
+        let (h, k, f) = self.moe_dims();
         // moe_group lists each expert's items in room for the chunk's `t` tokens.
         let cap = t;
         let items = t * k;
