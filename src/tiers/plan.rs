@@ -634,7 +634,8 @@ impl fmt::Display for MemoryPlan {
         };
         writeln!(
             f,
-            "  {:<18} {:>12}  {} of {} experts ({percent:.1} %), {} per slot, {} buffer(s) of ≤ {} slots",
+            "  {:<18} {:>12}  {} of {} experts ({percent:.1} %), {} per slot, {} buffer(s) of ≤ {} slots \
+             (with pinned experts: hot copies)",
             "expert slots",
             ByteSize(self.expert_slot_bytes()),
             self.expert_slots,
@@ -653,7 +654,8 @@ impl fmt::Display for MemoryPlan {
         writeln!(f, "host / disk:")?;
         writeln!(
             f,
-            "  {:<18} {:>12}  all experts, served from the file (mmap) or a RAM copy",
+            "  {:<18} {:>12}  all experts: pinned host memory read in place (--experts auto or \
+             pinned), or the file (mmap) or a RAM copy feeding the slots",
             "routed experts",
             ByteSize(self.host_expert_bytes)
         )?;
