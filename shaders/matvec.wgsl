@@ -12,7 +12,8 @@
 //
 // What this file adds around the row body, each the same arithmetic whatever the batch:
 //   x transforms  (X_MODE) 0: x; 1: silu(x[i]) * x[i + x_half] (SwiGLU of a gate|up vector);
-//                 2: silu(x[i] * x_scale)
+//                 2: silu(x[i] * x_scale); 3: the grouped RMS norm of x (quant/x_norm.wgsl, the
+//                 matvec_norm assemblies, matvec_seg only)
 //   entry points  matvec: y rows; matvec_seg: rows split over three outputs (concatenated
 //                 weights); matvec_mix: the hyper-connection mix of the rows (i + s*h) as in
 //                 hc.wgsl's hc_mix_out; matvec_combine: y added into the wide residual as in
@@ -54,6 +55,8 @@ struct Params {
     item0: u32,         // first vector of this dispatch (tiles of ITEMS vectors follow)
     group_base: u32,    // matvec_group: where the item lists start in IDS (after the counts)
     group_cap: u32,     // matvec_group: room per expert's list
+    norm_eps: f32,      // X_MODE 3 (quant/x_norm.wgsl): the norm's epsilon
+    norm_period: u32,   // X_MODE 3: values of the norm weight (AUX), index i % period
 }
 
 var<immediate> p: Params;
@@ -290,6 +293,9 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
+    if (X_MODE == 3u) {
+        norm_prologue(tile, wg.x, lid, lane, sg_id, n_sg);
+    }
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
         let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
         let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
@@ -459,6 +465,60 @@ fn matvec_moe_combine(@builtin(workgroup_id) wg: vec3<u32>,
                 }
             }
         }
+    }
+}
+
+// Routed experts' down rows of one token (matvec_expert_combine), ROWS per slot: [slot * ROWS + j].
+var<workgroup> SLOT_ROWS: array<f32, 256>;
+
+// The routed experts' down projections finishing the MoE block (decode and short chunks, experts
+// resident in one part): workgroup (row block of ROWS rows, token). Each subgroup computes the
+// block's rows of the experts of slots sg_id, sg_id + n_sg, ... (rows_dot, each item's x = its
+// SwiGLU output, x_per_item), then invocation j < ROWS finishes row j exactly as
+// matvec_moe_combine does: the slots' weighted rows in slot order, then the gated shared expert's
+// row, here read from ROUTED (the shared down rows of each token, computed beforehand by a plain
+// mat-vec with the same row body, so the same bits), added into every stream of Y.
+@compute @workgroup_size(WG)
+fn matvec_expert_combine(@builtin(workgroup_id) wg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32,
+                         @builtin(subgroup_id) sg_id: u32,
+                         @builtin(num_subgroups) n_sg: u32,
+                         @builtin(subgroup_invocation_id) lane: u32,
+                         @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let tok = wg.y + wg.z * 65535u;
+    let row0 = wg.x * ROWS;
+    if (tok * p.slots >= p.items || row0 >= p.rows) {
+        return;
+    }
+    let n_rows = min(ROWS, p.rows - row0);
+    XS = vec4<u32>(0u);
+    for (var s = sg_id; s < p.slots; s += n_sg) {
+        let item = tok * p.slots + s;
+        let unit = min(IDS[item] - p.expert_first, p.expert_count - 1u);
+        let acc = rows_dot(unit * p.rows + row0, 1u, n_rows, item_x(item), 1u, lane, sg_size);
+        if (lane == 0u) {
+            for (var j = 0u; j < ROWS; j++) {
+                SLOT_ROWS[s * ROWS + j] = acc_row(acc, j).x;
+            }
+        }
+    }
+    workgroupBarrier();
+    if (lid >= n_rows) {
+        return;
+    }
+    let i = row0 + lid;
+    let gate = 1.0 / (1.0 + exp(-SGATE[tok]));
+    var m = 0.0;
+    for (var slot = 0u; slot < p.slots; slot++) {
+        m += RWTS[tok * p.slots + slot] * SLOT_ROWS[slot * ROWS + lid];
+    }
+    m += gate * ROUTED[tok * p.h + i];
+    let wide = p.h * p.hc;
+    for (var s = 0u; s < p.hc; s++) {
+        let alpha = 2.0 * (1.0 / (1.0 + exp(-(AUX[tok * p.hc + s] * (1.0 / f32(p.hc))))));
+        Y[tok * wide + s * p.h + i] += alpha * m;
     }
 }
 

@@ -221,6 +221,7 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
         outs,
         first,
         silu0: None,
+        norm: None,
     };
     kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, segments, tokens).expect("segs");
     // The same with output 0 stored through the scaled SiLU.
@@ -230,6 +231,7 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
         outs: [View::new(&silu_seg, 0, lens[0]), outs[1], outs[2]],
         first,
         silu0: Some(scale),
+        norm: None,
     };
     kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, silu_store, tokens)
         .expect("silu segs");
@@ -276,5 +278,309 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
     );
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert_eq!(x.to_bits(), y.to_bits(), "{what}: residual value {i}");
+    }
+}
+
+/// The input norm on load (`Store::Segments` with an `InputNorm`, the hyper-connection mix's down
+/// projection): the normed vectors it stores must match the grouped RMS norm computed on the CPU,
+/// its rows must equal a plain mat-vec over those stored vectors bit for bit, and a batch of
+/// vectors (tiles and a remainder) must give the bits of the vectors fed one at a time. The real
+/// shape (4 groups of 2,560, rows split over subgroups), a weight period of one group, 1 to 4
+/// groups, and widths that are no multiple of the row groups.
+#[test]
+fn input_norm_rows_equal_a_matvec_over_the_normed_vectors() {
+    let Some(ctx) = context() else { return };
+    for (ty, group, groups, whole_period, rows, tokens) in [
+        (GgmlType::Q6_K, 2560, 4, true, 37, 6),
+        (GgmlType::Q8_0, 48, 4, false, 29, 5),
+        (GgmlType::IQ4_NL, 80, 2, true, 21, 4),
+        (GgmlType::IQ3_S, 256, 3, false, 11, 3),
+        (GgmlType::Q6_K, 256, 1, true, 9, 1),
+    ] {
+        let period = if whole_period { group * groups } else { group };
+        input_norm_case(&ctx, ty, (group, groups, period), rows, tokens);
+    }
+}
+
+struct NormCase<'a> {
+    weight: &'a GpuBuf,
+    shape: (usize, usize, usize),
+    eps: f32,
+    first: [usize; 3],
+    lens: [usize; 2],
+}
+
+impl<'a> NormCase<'a> {
+    /// The normed segmented store of vector `t` onwards into `outs` (segment 0, segment 1,
+    /// normed vectors).
+    fn store(&self, outs: [&'a GpuBuf; 3], t: usize) -> Store<'a> {
+        let (group, groups, period) = self.shape;
+        let [l0, l1] = self.lens;
+        let v0 = View::new(outs[0], t * l0, l0);
+        Store::Segments {
+            outs: [v0, View::new(outs[1], t * l1, l1), v0],
+            first: self.first,
+            silu0: None,
+            norm: Some(kernels::InputNorm {
+                weight: self.weight,
+                period,
+                group,
+                groups,
+                eps: self.eps,
+                normed: View::new(outs[2], t * group * groups, group * groups),
+            }),
+        }
+    }
+}
+
+fn input_norm_case(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    (group, groups, period): (usize, usize, usize),
+    h: usize,
+    tokens: usize,
+) {
+    let row_len = group * groups;
+    let what = format!("{ty:?} {h}x{row_len} ({groups} groups, period {period}), {tokens} tokens");
+    let blocks = strata::quant::random_blocks(ty, h * row_len / ty.block_size(), 3 + h as u64);
+    let w = GpuWeight::upload(ctx, "w", ty, row_len, h, 1, &blocks).expect("upload");
+    assert!(kernels::can_norm_input(&w, group, period), "{what}");
+    // Groups of different scales, so a wrong group's norm shows.
+    let mut xs = random_vec(tokens * row_len, 21);
+    for (i, v) in xs.iter_mut().enumerate() {
+        *v *= 1.0 + ((i % row_len) / group) as f32 * 3.0;
+    }
+    let nw: Vec<f32> = random_vec(period, 22).iter().map(|v| 1.0 + v).collect();
+    let x = GpuBuf::from_f32(ctx, "x", &xs).expect("x");
+    let weight = GpuBuf::from_f32(ctx, "norm weight", &nw).expect("nw");
+    let first = [0, h / 2, h];
+    let lens = [first[1], h - first[1]];
+    let zeros = |n: usize| GpuBuf::zeros(ctx, "out", n).expect("out");
+    let (seg0, seg1, normed) = (
+        zeros(tokens * lens[0]),
+        zeros(tokens * lens[1]),
+        zeros(tokens * row_len),
+    );
+    let (one0, one1, one_normed) = (
+        zeros(tokens * lens[0]),
+        zeros(tokens * lens[1]),
+        zeros(tokens * row_len),
+    );
+    let rows = zeros(tokens * h);
+    let eps = 1e-6f32;
+    let spec = NormCase {
+        weight: &weight,
+        shape: (group, groups, period),
+        eps,
+        first,
+        lens,
+    };
+    let mut rec = Recorder::new();
+    let xv = View::new(&x, 0, row_len);
+    kernels::matvec_with(
+        ctx,
+        &mut rec,
+        &w,
+        xv,
+        XForm::Plain,
+        spec.store([&seg0, &seg1, &normed], 0),
+        tokens,
+    )
+    .expect("normed segments");
+    for t in 0..tokens {
+        let xt = View::new(&x, t * row_len, row_len);
+        let one = spec.store([&one0, &one1, &one_normed], t);
+        kernels::matvec_with(ctx, &mut rec, &w, xt, XForm::Plain, one, 1).expect("one vector");
+    }
+    rec.run(ctx).expect("run");
+    let mut rec = Recorder::new();
+    let plain = Store::Rows(View::new(&rows, 0, h));
+    kernels::matvec_with(
+        ctx,
+        &mut rec,
+        &w,
+        View::new(&normed, 0, row_len),
+        XForm::Plain,
+        plain,
+        tokens,
+    )
+    .expect("plain rows");
+    rec.run(ctx).expect("run");
+
+    let got_normed = normed.read_f32(ctx, 0, tokens * row_len).expect("normed");
+    for t in 0..tokens {
+        for g in 0..groups {
+            let at = t * row_len + g * group;
+            let vals = &xs[at..at + group];
+            let mean = vals
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / group as f64;
+            let inv = 1.0 / (mean + f64::from(eps)).sqrt();
+            for i in 0..group {
+                let want = f64::from(vals[i]) * inv * f64::from(nw[(g * group + i) % period]);
+                let got = f64::from(got_normed[at + i]);
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{what}: normed value {} of token {t}: {got} vs {want}",
+                    g * group + i
+                );
+            }
+        }
+    }
+    let want = rows.read_f32(ctx, 0, tokens * h).expect("rows");
+    let bufs = [(&seg0, &one0), (&seg1, &one1)];
+    for (s, (batch, single)) in bufs.iter().enumerate() {
+        let n = lens[s];
+        let got = batch.read_f32(ctx, 0, tokens * n).expect("segment");
+        let one = single.read_f32(ctx, 0, tokens * n).expect("single");
+        for t in 0..tokens {
+            for r in 0..n {
+                let wv = want[t * h + first[s] + r];
+                let (g, o) = (got[t * n + r], one[t * n + r]);
+                assert_eq!(
+                    g.to_bits(),
+                    wv.to_bits(),
+                    "{what}: segment {s} row {r} token {t}"
+                );
+                assert_eq!(
+                    o.to_bits(),
+                    g.to_bits(),
+                    "{what}: token {t} alone, segment {s} row {r}"
+                );
+            }
+        }
+    }
+    let one = one_normed
+        .read_f32(ctx, 0, tokens * row_len)
+        .expect("normed alone");
+    for (i, (a, b)) in got_normed.iter().zip(&one).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}: normed value {i} alone");
+    }
+}
+
+/// The routed experts' down projections finishing the MoE block in one dispatch
+/// (`matvec_expert_combine`, the shared expert's down rows computed beforehand) against the
+/// expert kernel into a buffer followed by the shared down projection with the combine in its
+/// store: the residual must come out with the same bits. Split and block layouts, an odd width,
+/// one token (decode) and several, 3 and 10 slots.
+#[test]
+fn expert_combine_matches_the_combine_store_bit_for_bit() {
+    let Some(ctx) = context() else { return };
+    for (ty, h, ff, tokens, k) in [
+        (GgmlType::IQ4_NL, 37, 64, 1, 10),
+        (GgmlType::Q8_0, 40, 96, 3, 3),
+        (GgmlType::IQ3_S, 19, 256, 2, 10),
+        (GgmlType::Q4_K, 21, 256, 1, 3),
+    ] {
+        expert_combine_case(&ctx, ty, (h, ff), tokens, k);
+    }
+}
+
+fn expert_combine_case(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    (h, ff): (usize, usize),
+    tokens: usize,
+    k: usize,
+) {
+    let (n_expert, hc) = (12usize, 4usize);
+    let what = format!("{ty:?} {h}x{ff}, {tokens} tokens, {k} slots");
+    let blocks =
+        strata::quant::random_blocks(ty, n_expert * h * ff / ty.block_size(), 31 + h as u64);
+    let down = GpuWeight::upload(ctx, "down", ty, ff, n_expert * h, h, &blocks).expect("down");
+    let sty = GgmlType::Q8_0;
+    let sblocks = strata::quant::random_blocks(sty, h * ff / sty.block_size(), 32);
+    let shared_w = GpuWeight::upload(ctx, "shared down", sty, ff, h, 1, &sblocks).expect("shared");
+    assert!(kernels::can_expert_combine(ctx, &down, k), "{what}");
+    let items = tokens * k;
+    let ids: Vec<u32> = (0..items)
+        .map(|i| ((i * 7 + 3) % n_expert) as u32)
+        .collect();
+    let ids = GpuBuf::from_u32(ctx, "ids", &ids).expect("ids");
+    let gu = GpuBuf::from_f32(ctx, "expert gu", &random_vec(items * 2 * ff, 41)).expect("gu");
+    let x = View::new(&gu, 0, 2 * ff);
+    let sgu = random_vec(tokens * 2 * ff, 42);
+    let weights = GpuBuf::from_f32(ctx, "weights", &random_vec(items, 43)).expect("w");
+    let logit = GpuBuf::from_f32(ctx, "logit", &random_vec(tokens, 44)).expect("l");
+    let inject = GpuBuf::from_f32(ctx, "inject", &random_vec(tokens * hc, 45)).expect("i");
+    let residual = random_vec(tokens * hc * h, 46);
+    let swiglu = XForm::Swiglu { half: ff };
+
+    // Separate: the experts into a buffer, then the shared down rows with the combine in store.
+    let routed = GpuBuf::zeros(ctx, "routed", items * h).expect("routed");
+    let wide_a = GpuBuf::from_f32(ctx, "wide a", &residual).expect("wide a");
+    let sgu_a = GpuBuf::from_f32(ctx, "shared gu a", &sgu).expect("sgu");
+    let mut rec = Recorder::new();
+    let y = View::new(&routed, 0, h);
+    kernels::matvec_expert_with(
+        ctx,
+        &mut rec,
+        &down,
+        &ids,
+        k,
+        true,
+        x,
+        XForm::Plain,
+        y,
+        items,
+    )
+    .expect("experts");
+    let sx = View::new(&sgu_a, 0, 2 * ff);
+    let sform = kernels::prepare_x(ctx, &mut rec, &shared_w, sx, swiglu, tokens).expect("prep");
+    let store = Store::MoeCombine {
+        wide: &wide_a,
+        inject: &inject,
+        routed: &routed,
+        weights: &weights,
+        logit: &logit,
+        h,
+        hc,
+        k,
+    };
+    kernels::matvec_with(ctx, &mut rec, &shared_w, sx, sform, store, tokens).expect("store");
+    rec.run(ctx).expect("separate");
+
+    // Fused: the shared rows into a buffer, then the experts finishing the block.
+    let shared = GpuBuf::zeros(ctx, "shared rows", tokens * h).expect("shared rows");
+    let wide_b = GpuBuf::from_f32(ctx, "wide b", &residual).expect("wide b");
+    let sgu_b = GpuBuf::from_f32(ctx, "shared gu b", &sgu).expect("sgu");
+    let mut rec = Recorder::new();
+    let sx = View::new(&sgu_b, 0, 2 * ff);
+    let sform = kernels::prepare_x(ctx, &mut rec, &shared_w, sx, swiglu, tokens).expect("prep");
+    let rows = Store::Rows(View::new(&shared, 0, h));
+    kernels::matvec_with(ctx, &mut rec, &shared_w, sx, sform, rows, tokens).expect("rows");
+    let combine = kernels::ExpertCombine {
+        ids: &ids,
+        slots: k,
+        x,
+        shared: &shared,
+        weights: &weights,
+        logit: &logit,
+        wide: &wide_b,
+        inject: &inject,
+        hc,
+    };
+    kernels::matvec_expert_combine(ctx, &mut rec, &down, combine, tokens).expect("combine");
+    rec.run(ctx).expect("fused");
+
+    let a = wide_a.read_f32(ctx, 0, tokens * hc * h).expect("a");
+    let b = wide_b.read_f32(ctx, 0, tokens * hc * h).expect("b");
+    let changed = a
+        .iter()
+        .zip(&residual)
+        .filter(|(x, r)| x.to_bits() != r.to_bits())
+        .count();
+    assert!(
+        changed > a.len() / 2,
+        "{what}: the combine changed the residual"
+    );
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "{what}: residual value {i}: {x} vs {y}"
+        );
     }
 }

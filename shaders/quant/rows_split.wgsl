@@ -103,7 +103,30 @@ fn load_tile_x(x_base: u32, xo: vec2<u32>) -> TileX {
         x.a3 = load_seg(x_base + XS.w + xo.x);
         x.b3 = load_seg(x_base + XS.w + xo.y);
     }
+    if (X_MODE == 3u) {
+        x = norm_tile_x(x, xo);
+    }
     return x;
+}
+
+// X_MODE 3: the tile's segments normed (quant/x_norm.wgsl; the identity in other assemblies).
+fn norm_tile_x(x: TileX, xo: vec2<u32>) -> TileX {
+    var y = x;
+    y.a0 = norm_seg(x.a0, xo.x, 0u);
+    y.b0 = norm_seg(x.b0, xo.y, 0u);
+    if (ITEMS > 1u) {
+        y.a1 = norm_seg(x.a1, xo.x, 1u);
+        y.b1 = norm_seg(x.b1, xo.y, 1u);
+    }
+    if (ITEMS > 2u) {
+        y.a2 = norm_seg(x.a2, xo.x, 2u);
+        y.b2 = norm_seg(x.b2, xo.y, 2u);
+    }
+    if (ITEMS > 3u) {
+        y.a3 = norm_seg(x.a3, xo.x, 3u);
+        y.b3 = norm_seg(x.b3, xo.y, 3u);
+    }
+    return y;
 }
 
 // Task t of one row against the tile's vectors (components past ITEMS stay 0). The tile's x is

@@ -387,6 +387,18 @@ const MATVEC_SHAPES: &[MatvecShape] = &[
         cols: 2560,
         experts: None,
     },
+    // The GDN input projection (q|k|v, z, beta|alpha) and the router with the shared expert's
+    // gate, as the model runs them (joined).
+    MatvecShape {
+        rows: 16480,
+        cols: 2560,
+        experts: None,
+    },
+    MatvecShape {
+        rows: 513,
+        cols: 2560,
+        experts: None,
+    },
     MatvecShape {
         rows: 12288,
         cols: 2560,

@@ -310,6 +310,7 @@ impl<'a> View<'a> {
 }
 
 pub use super::matvec::{
-    Store, XForm, can_moe_combine, get_rows, matvec, matvec_expert, matvec_expert_glu,
-    matvec_expert_with, matvec_group, matvec_with, prepare_x,
+    ExpertCombine, InputNorm, Store, XForm, can_expert_combine, can_moe_combine, can_norm_input,
+    get_rows, matvec, matvec_expert, matvec_expert_combine, matvec_expert_glu, matvec_expert_with,
+    matvec_group, matvec_with, prepare_x,
 };

@@ -47,6 +47,8 @@ struct MatvecParams {
     item0: u32,
     group_base: u32,
     group_cap: u32,
+    norm_eps: f32,
+    norm_period: u32,
 }
 
 /// How the input vector is read.
@@ -92,6 +94,9 @@ pub enum Store<'a> {
         /// `Some(scale)`: output 0 holds `silu(y * scale)`, what [`prepare_x`] with
         /// [`XForm::SiluScale`] would leave there (the same bits), so its reader takes it plainly.
         silu0: Option<f32>,
+        /// `Some`: the rows read x through a grouped RMS norm and the normed vectors are stored
+        /// too (see [`InputNorm`]); the third segment must then be empty.
+        norm: Option<InputNorm<'a>>,
     },
     /// The rows are the `hc` streams' gates (row `s * h + i`): `out[i] = (1/hc) Σ_s
     /// sigmoid(gate[s*h+i]) * normed[s*h+i]`, `normed` holding `hc * h` floats per vector.
@@ -122,6 +127,37 @@ pub enum Store<'a> {
         h: usize,
         hc: usize,
     },
+}
+
+/// A grouped RMS norm of the input applied on load (`shaders/quant/x_norm.wgsl`): value i of a
+/// vector of `groups` groups of `group` values reads `(x[i] * inv_g) * weight[i % period]`,
+/// `inv_g = 1 / sqrt(mean of group g's squares + eps)`, what `ops::rmsnorm` computes in mode `Rms`
+/// (with its own sum order), and the normed vectors are stored into `normed` as well. One dispatch
+/// instead of a norm and a mat-vec; the rows equal a plain mat-vec over the stored vectors bit for
+/// bit. Only for weights [`can_norm_input`] accepts.
+#[derive(Clone, Copy)]
+pub struct InputNorm<'a> {
+    pub weight: &'a GpuBuf,
+    pub period: usize,
+    pub group: usize,
+    pub groups: usize,
+    pub eps: f32,
+    pub normed: View<'a>,
+}
+
+/// Whether a segmented mat-vec of `w` can norm its input ([`InputNorm`]) in groups of `group`
+/// values with a weight of `period` values: a split layout in one part, 1 to 4 groups filling the
+/// row, groups and period multiples of 16 (a row body's segments then never straddle either).
+/// Decided by shapes alone, so prefill and decode take the same path.
+pub fn can_norm_input(w: &GpuWeight, group: usize, period: usize) -> bool {
+    w.split.is_some()
+        && w.parts.len() == 1
+        && group > 0
+        && group.is_multiple_of(16)
+        && period > 0
+        && period.is_multiple_of(16)
+        && w.row_len.is_multiple_of(group)
+        && (1..=4).contains(&(w.row_len / group))
 }
 
 /// Invocations per mat-vec workgroup (`STRATA_MATVEC_WG` overrides: 64, 128 or 256, for tuning).
@@ -222,15 +258,33 @@ fn key(
         .constant("X_MODE", xform.mode().0 as f64)
 }
 
+/// [`key`] for the input-norm assembly (X_MODE 3, [`InputNorm`]).
+fn norm_key(w: &GpuWeight, entry: &'static str, rows_per_sg: usize, items: usize) -> PipelineKey {
+    PipelineKey::new(format!("matvec_norm:{}", w.ty.name()), entry)
+        .constant("ROWS", rows_per_sg as f64)
+        .constant("WG", wg_size() as f64)
+        .constant("ITEMS", items as f64)
+        .constant("X_MODE", 3.0)
+}
+
 /// Subgroups that share each row of a dense mat-vec (the shader's KSPLIT), for matrices of few
 /// long rows (up to 1,024 rows of 4,096 values or more), which would leave a large GPU mostly idle
 /// with each lane walking tens of loop steps: 4 from 8,192 values, else 2; never more than a
 /// workgroup's subgroups. (On the H200, 320 x 10,240 went from 17 to 11 us; 2,560 x 6,144 rows
 /// got slower split.) It changes a row's summation order, so it depends on the weight and the
 /// adapter only, never on the number of vectors: prefill and decode agree. (The expert entry
-/// points keep 1.)
+/// points keep 1.) `STRATA_MATVEC_KSPLIT` (1, 2 or 4) overrides it for every dense weight, for
+/// tuning only: it changes the bits of the rows it touches.
 fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
+    static KSPLIT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let tuned = *KSPLIT.get_or_init(|| {
+        std::env::var("STRATA_MATVEC_KSPLIT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [1, 2, 4].contains(n))
+    });
     let want = match (w.n_rows, w.row_len) {
+        _ if tuned.is_some() => tuned.unwrap_or(1),
         (r, _) if r > 1024 => 1,
         (_, k) if k >= 8192 => 4,
         (_, k) if k >= 4096 => 2,
@@ -386,7 +440,12 @@ pub fn matvec_with(
                     let per_sg = rows_for_tile(w, w.n_rows, tile);
                     ("matvec", per_sg, part.n_rows.div_ceil(per_sg))
                 }
-                Store::Segments { outs, first, silu0 } => {
+                Store::Segments {
+                    outs,
+                    first,
+                    silu0,
+                    norm,
+                } => {
                     segment_params(w, &mut params, outs, first, items)?;
                     if let Some(scale) = silu0 {
                         params.x_scale = scale;
@@ -394,7 +453,14 @@ pub fn matvec_with(
                     }
                     b.push((2, &*outs[0].buf.buffer));
                     b.push((6, &*outs[1].buf.buffer));
-                    b.push((7, &*outs[2].buf.buffer));
+                    match norm {
+                        Some(n) => {
+                            norm_params(w, &mut params, xform, first, n, items)?;
+                            b.push((7, &*n.normed.buf.buffer));
+                            b.push((8, &*n.weight.buffer));
+                        }
+                        None => b.push((7, &*outs[2].buf.buffer)),
+                    }
                     let per_sg = rows_for_tile(w, w.n_rows, tile);
                     ("matvec_seg", per_sg, part.n_rows.div_ceil(per_sg))
                 }
@@ -462,9 +528,14 @@ pub fn matvec_with(
             let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
             params.item0 = to_u32(item0, "first item")?;
             let (gy, gz) = item_grid(count / tile);
+            let pipeline = if params.x_mode == 3 {
+                norm_key(w, entry, per_sg, tile)
+            } else {
+                key(w, any_length(w, x, xform), entry, per_sg, tile, xform)
+            };
             rec.push(
                 ctx,
-                &key(w, any_length(w, x, xform), entry, per_sg, tile, xform)
+                &pipeline
                     .constant("KSPLIT", split as f64)
                     .constant("Y0_MODE", y0_mode as f64),
                 &b,
@@ -526,6 +597,35 @@ fn need_floats(b: &GpuBuf, n: usize, what: &str) -> Result<(), GpuError> {
             b.len
         )));
     }
+    Ok(())
+}
+
+/// The X_MODE 3 fields of a segmented mat-vec with an input norm (output 2 becomes the normed
+/// vectors).
+fn norm_params(
+    w: &GpuWeight,
+    params: &mut MatvecParams,
+    xform: XForm,
+    first: [usize; 3],
+    n: InputNorm,
+    items: usize,
+) -> Result<(), GpuError> {
+    if xform != XForm::Plain || first[2] != w.n_rows || !can_norm_input(w, n.group, n.period) {
+        return Err(GpuError::BadArgs(format!(
+            "matvec {}: no input norm of groups of {} (weight period {}) here",
+            w.name, n.group, n.period
+        )));
+    }
+    need_floats(n.weight, n.period, "input norm weight")?;
+    n.normed
+        .check(items, w.row_len, &format!("matvec {} normed input", w.name))?;
+    params.x_mode = 3;
+    params.h = to_u32(n.group, "norm group")?;
+    params.hc = to_u32(w.row_len / n.group, "norm groups")?;
+    params.norm_eps = n.eps;
+    params.norm_period = to_u32(n.period, "norm period")?;
+    params.y2_offset = to_u32(n.normed.offset, "normed offset")?;
+    params.y2_stride = to_u32(n.normed.stride, "normed stride")?;
     Ok(())
 }
 
@@ -727,6 +827,100 @@ pub fn matvec_expert_glu(
                 any_length(w, x, XForm::Plain),
                 "matvec_expert_glu",
                 2,
+                1,
+                XForm::Plain,
+            ),
+            &b,
+            bytemuck::bytes_of(&params),
+            [gx, gy, gz],
+        )?;
+    }
+    Ok(())
+}
+
+/// What [`matvec_expert_combine`] reads and where it adds: the routed experts' ids and SwiGLU
+/// outputs (`x`, one vector per item, as the gate|up kernel leaves them), the shared expert's down
+/// rows of each token (`shared`: `h` floats per token from offset 0), the routing weights, the
+/// shared expert's gate logit, and the wide residual with its injection logits.
+#[derive(Clone, Copy)]
+pub struct ExpertCombine<'a> {
+    pub ids: &'a GpuBuf,
+    pub slots: usize,
+    pub x: View<'a>,
+    pub shared: &'a GpuBuf,
+    pub weights: &'a GpuBuf,
+    pub logit: &'a GpuBuf,
+    pub wide: &'a GpuBuf,
+    pub inject: &'a GpuBuf,
+    pub hc: usize,
+}
+
+/// Rows of each workgroup of [`matvec_expert_combine`] (its shader's ROWS).
+const COMBINE_ROWS: usize = 2;
+
+/// Whether [`matvec_expert_combine`] can run the down projections `w` of `slots` experts per
+/// token: every expert in one part, the slots' rows fit the workgroup's table, and the adapter
+/// binds enough buffers.
+pub fn can_expert_combine(ctx: &GpuContext, w: &GpuWeight, slots: usize) -> bool {
+    w.parts.len() == 1 && slots > 0 && slots * COMBINE_ROWS <= 256 && can_moe_combine(ctx, w)
+}
+
+/// The routed experts' down projections (`w`, `rows_per_unit` = h rows per expert) finishing the
+/// MoE block in one dispatch: for each token and row r,
+/// `m = Σ_slot weights[slot] * (W_{ids[slot]} row r . x[slot]) + sigmoid(logit) * shared[r]`
+/// (slots in order), then `wide[s*h + r] += 2 sigmoid(inject[s] / hc) * m` for every stream —
+/// the arithmetic of [`matvec_expert`] into a buffer followed by [`Store::MoeCombine`], so the
+/// same bits, with one dispatch and one buffer round trip fewer. Only where
+/// [`can_expert_combine`] said so.
+pub fn matvec_expert_combine(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    c: ExpertCombine,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let items = tokens * c.slots;
+    check_expert_items(w, c.ids, c.slots, items)?;
+    if !can_expert_combine(ctx, w, c.slots) {
+        return Err(GpuError::BadArgs(format!(
+            "expert combine {}: {} slots, {} parts",
+            w.name,
+            c.slots,
+            w.parts.len()
+        )));
+    }
+    check_input(w, c.x, XForm::Plain, items)?;
+    let h = w.rows_per_unit;
+    need_floats(c.shared, tokens * h, "shared expert rows")?;
+    need_floats(c.weights, items, "routing weights")?;
+    need_floats(c.logit, tokens, "shared expert gate")?;
+    need_floats(c.wide, tokens * h * c.hc, "wide residual")?;
+    need_floats(c.inject, tokens * c.hc, "injection logits")?;
+    let grid = ctx.grid_buffer(w.ty)?;
+    let (gy, gz) = item_grid(tokens);
+    for part in &w.parts {
+        let y = View::new(c.wide, 0, h * c.hc);
+        let mut params = expert_params(w, part, c.x, XForm::Plain, y, items, c.slots, true, 1)?;
+        params.h = to_u32(h, "h")?;
+        params.hc = to_u32(c.hc, "hc")?;
+        let mut b = bindings(w, part, &grid);
+        b.extend([
+            (1, &*c.x.buf.buffer),
+            (2, &*c.wide.buffer),
+            (3, &*c.ids.buffer),
+            (8, &*c.inject.buffer),
+            (10, &*c.shared.buffer),
+            (11, &*c.weights.buffer),
+            (12, &*c.logit.buffer),
+        ]);
+        let gx = to_u32(h.div_ceil(COMBINE_ROWS), "grid x")?;
+        rec.push(
+            ctx,
+            &key(
+                w,
+                any_length(w, c.x, XForm::Plain),
+                "matvec_expert_combine",
+                COMBINE_ROWS,
                 1,
                 XForm::Plain,
             ),

@@ -11,7 +11,7 @@ use crate::model::weights::QuantMatrix;
 
 use super::buffers::GpuWeight;
 use super::kernels::{Recorder, View};
-use super::matvec::{self, Store, XForm};
+use super::matvec::{self, InputNorm, Store, XForm};
 use super::{GpuContext, GpuError};
 
 /// One matrix of a projection: GGUF rows of `ty`.
@@ -148,6 +148,53 @@ impl MultiProj {
         t: usize,
         silu0: Option<f32>,
     ) -> Result<bool, GpuError> {
+        self.record_with(ctx, rec, x, outs, t, silu0, None)
+    }
+
+    /// Whether [`Self::record_normed`] can take an input normed in groups of `group` values with
+    /// a weight of `period` values: the matrices are joined into at most two groups and the
+    /// joined weight's layout has the norm on load (`matvec::can_norm_input`).
+    pub fn can_norm_input(&self, group: usize, period: usize) -> bool {
+        self.group_rows.len() <= 2
+            && self
+                .fused
+                .as_ref()
+                .is_some_and(|w| matvec::can_norm_input(w, group, period))
+    }
+
+    /// [`Self::record_silu0`] over the grouped RMS norm of `x` ([`InputNorm`], which also stores
+    /// the normed vectors), in one dispatch. Only where [`Self::can_norm_input`] said so.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_normed(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recorder,
+        x: View,
+        norm: InputNorm,
+        outs: &[View],
+        t: usize,
+        silu0: Option<f32>,
+    ) -> Result<(), GpuError> {
+        if !self.can_norm_input(norm.group, norm.period) {
+            return Err(GpuError::BadArgs(
+                "projection cannot norm its input on load".into(),
+            ));
+        }
+        self.record_with(ctx, rec, x, outs, t, silu0, Some(norm))
+            .map(|_| ())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_with(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recorder,
+        x: View,
+        outs: &[View],
+        t: usize,
+        silu0: Option<f32>,
+        norm: Option<InputNorm>,
+    ) -> Result<bool, GpuError> {
         if outs.len() != self.group_rows.len() {
             return Err(GpuError::BadArgs(format!(
                 "projection of {} groups given {} outputs",
@@ -162,6 +209,7 @@ impl MultiProj {
                 outs: [pick(0), pick(1), pick(2)],
                 first: [0, self.rows(0), self.rows(0) + self.rows(1)],
                 silu0,
+                norm,
             };
             matvec::matvec_with(ctx, rec, w, x, XForm::Plain, store, t)?;
             return Ok(silu0.is_some());

@@ -19,6 +19,13 @@ const ROWS_BLOCK: &str = include_str!("../../shaders/quant/rows_block.wgsl");
 // Unquantized rows of any length, read one value at a time.
 const ROWS_ANY: &str = include_str!("../../shaders/quant/rows_any.wgsl");
 const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: array<u32>;\n";
+// The input norm of the mat-vec (X_MODE 3): the `matvec_norm` assemblies of the split types read
+// it (the norm weight bound as AUX); the others get identities that never touch AUX, so their
+// pipelines do not bind it.
+const X_NORM: &str = include_str!("../../shaders/quant/x_norm.wgsl");
+const X_NORM_NONE: &str =
+    "fn norm_prologue(tile: Tile, wg_x: u32, lid: u32, lane: u32, sg_id: u32, n_sg: u32) {}\n";
+const X_NORM_SEG_NONE: &str = "fn norm_seg(s: Seg, pos: u32, j: u32) -> Seg { return s; }\n";
 
 /// Weight formats the GPU kernels can read, with the WGSL file that dequantizes them.
 pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
@@ -87,7 +94,7 @@ pub fn supports(ty: GgmlType) -> bool {
 
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
-        "matvec" | "matvec_any" => include_str!("../../shaders/matvec.wgsl"),
+        "matvec" | "matvec_any" | "matvec_norm" => include_str!("../../shaders/matvec.wgsl"),
         "norm" => include_str!("../../shaders/norm.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
         "hc" => include_str!("../../shaders/hc.wgsl"),
@@ -120,12 +127,25 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 String::new()
             };
+            let split = super::layout::split_d(ty).is_some();
+            if op == "matvec_norm" && !split {
+                return Err(GpuError::Unsupported(format!(
+                    "no normed-input mat-vec for {} (split layouts only)",
+                    ty.name()
+                )));
+            }
             let rows = if op == "matvec_any" {
                 ROWS_ANY.to_string()
-            } else if super::layout::split_d(ty).is_some() {
+            } else if split {
                 ROWS_SPLIT.to_string()
             } else {
                 format!("{}\n{ROWS_BLOCK}", row_body(ty))
+            };
+            let norm = match (op, split) {
+                ("matvec_norm", _) => X_NORM.to_string(),
+                ("matvec", true) => format!("{X_NORM_NONE}{X_NORM_SEG_NONE}"),
+                ("matvec" | "matvec_any", _) => X_NORM_NONE.to_string(),
+                _ => String::new(),
             };
             // Types without a workgroup codebook get an empty prologue (shaders/matvec.wgsl).
             let prologue = if quant.contains("fn prologue(") {
@@ -134,7 +154,7 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 "fn prologue(lid: u32) {}\n"
             };
             Ok(format!(
-                "{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}"
+                "{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}\n{norm}"
             ))
         }
     }

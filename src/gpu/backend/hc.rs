@@ -1,6 +1,7 @@
 //! Hyper-connection mixing (model-spec: the 4-stream residual) on the GPU.
 
 use super::*;
+use crate::gpu::kernels::InputNorm;
 
 impl GpuSequence {
     pub(super) fn norm_spec<'a>(&self, weight: Option<(&'a GpuBuf, usize)>) -> NormSpec<'a> {
@@ -13,9 +14,10 @@ impl GpuSequence {
     }
 
     /// The hyper-connection mix (model-spec 2.4): `x_in` and, with an injection, `inject`.
-    /// Three dispatches: the grouped norm; down projection and injection logits together, the
-    /// SiLU of the low-rank values in its store; the up projection with the stream mix in its
-    /// store.
+    /// Two dispatches: the down projection and injection logits together over the grouped norm
+    /// of the streams (the norm on load, the normed streams stored for the mix, the SiLU of the
+    /// low-rank values in its store); the up projection with the stream mix in its store. Where
+    /// the down weight's layout cannot norm on load, the norm runs first as a dispatch of its own.
     pub(super) fn hc_mix(&self, rec: &mut Recorder, w: &HcGpu, t: usize) -> Result<(), GpuError> {
         let b = &self.backend;
         let c = &*b.ctx;
@@ -23,31 +25,41 @@ impl GpuSequence {
         let h = b.config.n_embd;
         let hc = b.config.hc_count;
         let wide = h * hc;
-        let groups = Groups::packed(h, hc);
-        ops::rmsnorm(
-            c,
-            rec,
-            &self.norm_spec(Some((&w.norm, wide))),
-            &s.wide,
-            groups,
-            &s.normed,
-            groups,
-            t,
-        )?;
         let r = w.down_inject.rows(0);
         let mut outs = vec![View::new(&s.low, 0, r)];
         if w.has_inject {
             outs.push(View::new(&s.inject, 0, hc));
         }
         let scale = 1.0 / hc as f32;
-        let in_store = w.down_inject.record_silu0(
-            c,
-            rec,
-            View::new(&s.normed, 0, wide),
-            &outs,
-            t,
-            Some(scale),
-        )?;
+        let in_store = if w.down_inject.can_norm_input(h, wide) {
+            let norm = InputNorm {
+                weight: &w.norm,
+                period: wide,
+                group: h,
+                groups: hc,
+                eps: b.config.rms_eps,
+                normed: View::new(&s.normed, 0, wide),
+            };
+            let x = View::new(&s.wide, 0, wide);
+            w.down_inject
+                .record_normed(c, rec, x, norm, &outs, t, Some(scale))?;
+            true
+        } else {
+            let groups = Groups::packed(h, hc);
+            ops::rmsnorm(
+                c,
+                rec,
+                &self.norm_spec(Some((&w.norm, wide))),
+                &s.wide,
+                groups,
+                &s.normed,
+                groups,
+                t,
+            )?;
+            let x = View::new(&s.normed, 0, wide);
+            w.down_inject
+                .record_silu0(c, rec, x, &outs, t, Some(scale))?
+        };
         let x = View::new(&s.low, 0, r);
         let silu = if in_store {
             XForm::Plain
