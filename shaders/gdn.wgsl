@@ -52,14 +52,12 @@ fn gdn_conv(@builtin(global_invocation_id) id: vec3<u32>) {
 }
 
 // The model's 4-tap conv of channel c: the taps and the last three inputs stay in registers, and
-// four tokens' inputs are loaded before their sums, each sum the same as conv_any's (taps in
-// order from 0.0), so the same bits with a quarter of the loads and round trips.
+// four tokens' inputs are loaded before their sums. Each output is conv_tap.wgsl's conv_silu4, the
+// expression decode's input projection store also uses (quant/seg_conv.wgsl), so a token gets the
+// same bits whichever computed its conv.
 fn conv4(c: u32) {
     let n = p.channels;
-    let w0 = CW[c * 4u];
-    let w1 = CW[c * 4u + 1u];
-    let w2 = CW[c * 4u + 2u];
-    let w3 = CW[c * 4u + 3u];
+    let w = vec4<f32>(CW[c * 4u], CW[c * 4u + 1u], CW[c * 4u + 2u], CW[c * 4u + 3u]);
     var a = HIST[c];
     var b = HIST[n + c];
     var d = HIST[2u * n + c];
@@ -69,30 +67,21 @@ fn conv4(c: u32) {
         let u1 = U[(t + 1u) * n + c];
         let u2 = U[(t + 2u) * n + c];
         let u3 = U[(t + 3u) * n + c];
-        CO[t * n + c] = silu(tap4(w0, w1, w2, w3, a, b, d, u0));
-        CO[(t + 1u) * n + c] = silu(tap4(w0, w1, w2, w3, b, d, u0, u1));
-        CO[(t + 2u) * n + c] = silu(tap4(w0, w1, w2, w3, d, u0, u1, u2));
-        CO[(t + 3u) * n + c] = silu(tap4(w0, w1, w2, w3, u0, u1, u2, u3));
+        CO[t * n + c] = conv_silu4(w, a, b, d, u0);
+        CO[(t + 1u) * n + c] = conv_silu4(w, b, d, u0, u1);
+        CO[(t + 2u) * n + c] = conv_silu4(w, d, u0, u1, u2);
+        CO[(t + 3u) * n + c] = conv_silu4(w, u0, u1, u2, u3);
         a = u1;
         b = u2;
         d = u3;
     }
     for (; t < p.tokens; t++) {
         let u = U[t * n + c];
-        CO[t * n + c] = silu(tap4(w0, w1, w2, w3, a, b, d, u));
+        CO[t * n + c] = conv_silu4(w, a, b, d, u);
         a = b;
         b = d;
         d = u;
     }
-}
-
-fn tap4(w0: f32, w1: f32, w2: f32, w3: f32, v0: f32, v1: f32, v2: f32, v3: f32) -> f32 {
-    var acc = 0.0;
-    acc += w0 * v0;
-    acc += w1 * v1;
-    acc += w2 * v2;
-    acc += w3 * v3;
-    return acc;
 }
 
 // Any number of taps: tap j of token t reads sequence element (hist + t) - (k - 1 - j).

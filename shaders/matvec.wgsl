@@ -84,7 +84,8 @@ override ITEMS: u32 = 1u;
 override X_MODE: u32 = 0u;
 // matvec_seg: 2 stores silu(v * x_scale) (xform4's mode 2, per component) in output 0 instead of
 // v, what xform_in_place would leave there; 0 stores v. (The seg's own x is plain, so x_scale is
-// free for it.)
+// free for it.) 3 (matvec_conv assemblies, one vector): each row of output 0 is a GDN conv input
+// and its channel's conv output is stored instead (quant/seg_conv.wgsl's seg0_store).
 override Y0_MODE: u32 = 0u;
 // Split K (1, 2 or 4; the dense entry points): the KSPLIT subgroups KSPLIT*g + q of a workgroup
 // share row group g, subgroup q taking lanes q*S .. q*S + S of a row body run KSPLIT*S lanes wide
@@ -320,6 +321,9 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
                 var v = acc_row(acc, j);
                 if (Y0_MODE == 2u && buf == 0u) {
                     v = silu4(v * p.x_scale);
+                }
+                if (Y0_MODE == 3u && buf == 0u && j < n_rows) {
+                    v.x = seg0_store(g, v.x);
                 }
                 for (var i = 0u; i < TILE; i++) {
                     if (j < n_rows && i < ITEMS) {

@@ -13,7 +13,7 @@ use common::gpu_context as context;
 use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
-use strata::gpu::kernels::{self, Recorder, Store, View, XForm};
+use strata::gpu::kernels::{self, Recorder, SegFusion, Store, View, XForm};
 use strata::gpu::ops;
 
 fn xorshift(s: &mut u64) -> u64 {
@@ -221,7 +221,7 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
         outs,
         first,
         silu0: None,
-        norm: None,
+        fused: SegFusion::None,
     };
     kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, segments, tokens).expect("segs");
     // The same with output 0 stored through the scaled SiLU.
@@ -231,7 +231,7 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
         outs: [View::new(&silu_seg, 0, lens[0]), outs[1], outs[2]],
         first,
         silu0: Some(scale),
-        norm: None,
+        fused: SegFusion::None,
     };
     kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, silu_store, tokens)
         .expect("silu segs");
@@ -321,7 +321,7 @@ impl<'a> NormCase<'a> {
             outs: [v0, View::new(outs[1], t * l1, l1), v0],
             first: self.first,
             silu0: None,
-            norm: Some(kernels::InputNorm {
+            fused: SegFusion::Norm(kernels::InputNorm {
                 weight: self.weight,
                 period,
                 group,
@@ -583,4 +583,98 @@ fn expert_combine_case(
             "{what}: residual value {i}: {x} vs {y}"
         );
     }
+}
+
+/// Decode's GDN conv in the input projection's store (`SegFusion::Conv`) against the plain
+/// segmented mat-vec followed by `ops::gdn_conv`: the conv outputs, the advanced history and the
+/// other segments must come out with the same bits. Split, block and float layouts; channel
+/// counts that are no multiple of the row groups; rows split over subgroups.
+#[test]
+fn conv_store_matches_the_conv_kernel_bit_for_bit() {
+    let Some(ctx) = context() else { return };
+    for (ty, channels, others, row_len) in [
+        (GgmlType::Q6_K, 37, [11, 6], 512),
+        (GgmlType::Q8_0, 64, [5, 4], 8192),
+        (GgmlType::Q4_K, 21, [9, 2], 256),
+        (GgmlType::F32, 19, [3, 4], 96),
+    ] {
+        conv_store_case(&ctx, ty, channels, others, row_len);
+    }
+}
+
+fn conv_store_case(ctx: &GpuContext, ty: GgmlType, ch: usize, others: [usize; 2], k: usize) {
+    let what = format!("{ty:?} {ch} channels, rows of {k}");
+    let rows = ch + others[0] + others[1];
+    let blocks = strata::quant::random_blocks(ty, rows * k / ty.block_size(), 51 + ch as u64);
+    let w = GpuWeight::upload(ctx, "in", ty, k, rows, 1, &blocks).expect("upload");
+    let x = GpuBuf::from_f32(ctx, "x", &random_vec(k, 52)).expect("x");
+    let taps = GpuBuf::from_f32(ctx, "taps", &random_vec(4 * ch, 53)).expect("taps");
+    let history = random_vec(3 * ch, 54);
+    let zeros = |n: usize| GpuBuf::zeros(ctx, "out", n).expect("out");
+    let first = [0, ch, ch + others[0]];
+    let shape = ops::GdnShape {
+        channels: ch,
+        kernel: 4,
+        n_k_heads: 1,
+        n_v_heads: 1,
+        dk: 1,
+        dv: 1,
+    };
+    let xv = View::new(&x, 0, k);
+
+    let (mixed, conv_a, z_a, ba_a) = (zeros(ch), zeros(ch), zeros(others[0]), zeros(others[1]));
+    let hist_a = GpuBuf::from_f32(ctx, "history a", &history).expect("history");
+    let mut rec = Recorder::new();
+    let plain = Store::Segments {
+        outs: [
+            View::new(&mixed, 0, ch),
+            View::new(&z_a, 0, others[0]),
+            View::new(&ba_a, 0, others[1]),
+        ],
+        first,
+        silu0: None,
+        fused: SegFusion::None,
+    };
+    kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, plain, 1).expect("segments");
+    ops::gdn_conv(ctx, &mut rec, &shape, &mixed, &taps, &hist_a, &conv_a, 1).expect("conv");
+    rec.run(ctx).expect("separate");
+
+    let (conv_b, z_b, ba_b) = (zeros(ch), zeros(others[0]), zeros(others[1]));
+    let hist_b = GpuBuf::from_f32(ctx, "history b", &history).expect("history");
+    let mut rec = Recorder::new();
+    let fused = Store::Segments {
+        outs: [
+            View::new(&conv_b, 0, ch),
+            View::new(&z_b, 0, others[0]),
+            View::new(&ba_b, 0, others[1]),
+        ],
+        first,
+        silu0: None,
+        fused: SegFusion::Conv(kernels::ConvStore {
+            history: &hist_b,
+            weight: &taps,
+        }),
+    };
+    kernels::matvec_with(ctx, &mut rec, &w, xv, XForm::Plain, fused, 1).expect("conv store");
+    rec.run(ctx).expect("fused");
+
+    let pairs = [
+        ("conv output", &conv_a, &conv_b, ch),
+        ("history", &hist_a, &hist_b, 3 * ch),
+        ("segment 1", &z_a, &z_b, others[0]),
+        ("segment 2", &ba_a, &ba_b, others[1]),
+    ];
+    for (name, a, b, n) in pairs {
+        let a = a.read_f32(ctx, 0, n).expect("a");
+        let b = b.read_f32(ctx, 0, n).expect("b");
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(
+                x.to_bits(),
+                y.to_bits(),
+                "{what}: {name} value {i}: {x} vs {y}"
+            );
+        }
+    }
+    let advanced = hist_b.read_f32(ctx, 0, 3 * ch).expect("history");
+    assert_ne!(advanced, history, "{what}: the history moved");
 }

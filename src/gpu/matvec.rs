@@ -94,9 +94,8 @@ pub enum Store<'a> {
         /// `Some(scale)`: output 0 holds `silu(y * scale)`, what [`prepare_x`] with
         /// [`XForm::SiluScale`] would leave there (the same bits), so its reader takes it plainly.
         silu0: Option<f32>,
-        /// `Some`: the rows read x through a grouped RMS norm and the normed vectors are stored
-        /// too (see [`InputNorm`]); the third segment must then be empty.
-        norm: Option<InputNorm<'a>>,
+        /// What else the dispatch does (a norm of its input, the GDN conv in its store).
+        fused: SegFusion<'a>,
     },
     /// The rows are the `hc` streams' gates (row `s * h + i`): `out[i] = (1/hc) Σ_s
     /// sigmoid(gate[s*h+i]) * normed[s*h+i]`, `normed` holding `hc * h` floats per vector.
@@ -127,6 +126,30 @@ pub enum Store<'a> {
         h: usize,
         hc: usize,
     },
+}
+
+/// What a [`Store::Segments`] mat-vec does besides its rows.
+#[derive(Clone, Copy, Default)]
+pub enum SegFusion<'a> {
+    #[default]
+    None,
+    /// The rows read x through a grouped RMS norm, and the normed vectors are stored too; the
+    /// third segment must be empty.
+    Norm(InputNorm<'a>),
+    /// One vector (decode): the rows of segment 0 are GDN conv inputs, and the channels' conv
+    /// outputs are stored instead (see [`ConvStore`]).
+    Conv(ConvStore<'a>),
+}
+
+/// The GDN causal conv of decode in the store of its input projection
+/// (`shaders/quant/seg_conv.wgsl`): segment 0's row c is channel c's new input u; the store
+/// writes `silu(Σ taps * [history, u])` (the expression `ops::gdn_conv` uses, so the same bits)
+/// and shifts the channel's history. A 4-tap conv over as many channels as segment 0 has rows:
+/// `history` holds 3 rows of them, `weight` 4 taps per channel.
+#[derive(Clone, Copy)]
+pub struct ConvStore<'a> {
+    pub history: &'a GpuBuf,
+    pub weight: &'a GpuBuf,
 }
 
 /// A grouped RMS norm of the input applied on load (`shaders/quant/x_norm.wgsl`): value i of a
@@ -258,13 +281,21 @@ fn key(
         .constant("X_MODE", xform.mode().0 as f64)
 }
 
-/// [`key`] for the input-norm assembly (X_MODE 3, [`InputNorm`]).
-fn norm_key(w: &GpuWeight, entry: &'static str, rows_per_sg: usize, items: usize) -> PipelineKey {
-    PipelineKey::new(format!("matvec_norm:{}", w.ty.name()), entry)
+/// [`key`] for a fused assembly (`matvec_norm`: X_MODE 3, [`InputNorm`]; `matvec_conv`:
+/// [`ConvStore`]) of split or block row bodies.
+fn fused_key(
+    op: &str,
+    w: &GpuWeight,
+    entry: &'static str,
+    rows_per_sg: usize,
+    items: usize,
+    x_mode: u32,
+) -> PipelineKey {
+    PipelineKey::new(format!("{op}:{}", w.ty.name()), entry)
         .constant("ROWS", rows_per_sg as f64)
         .constant("WG", wg_size() as f64)
         .constant("ITEMS", items as f64)
-        .constant("X_MODE", 3.0)
+        .constant("X_MODE", x_mode as f64)
 }
 
 /// Subgroups that share each row of a dense mat-vec (the shader's KSPLIT), for matrices of few
@@ -444,7 +475,7 @@ pub fn matvec_with(
                     outs,
                     first,
                     silu0,
-                    norm,
+                    fused,
                 } => {
                     segment_params(w, &mut params, outs, first, items)?;
                     if let Some(scale) = silu0 {
@@ -453,13 +484,20 @@ pub fn matvec_with(
                     }
                     b.push((2, &*outs[0].buf.buffer));
                     b.push((6, &*outs[1].buf.buffer));
-                    match norm {
-                        Some(n) => {
+                    match fused {
+                        SegFusion::Norm(n) => {
                             norm_params(w, &mut params, xform, first, n, items)?;
                             b.push((7, &*n.normed.buf.buffer));
                             b.push((8, &*n.weight.buffer));
                         }
-                        None => b.push((7, &*outs[2].buf.buffer)),
+                        SegFusion::Conv(conv) => {
+                            conv_checks(w, x, silu0, first, conv, items)?;
+                            y0_mode = 3;
+                            b.push((7, &*outs[2].buf.buffer));
+                            b.push((13, &*conv.history.buffer));
+                            b.push((14, &*conv.weight.buffer));
+                        }
+                        SegFusion::None => b.push((7, &*outs[2].buf.buffer)),
                     }
                     let per_sg = rows_for_tile(w, w.n_rows, tile);
                     ("matvec_seg", per_sg, part.n_rows.div_ceil(per_sg))
@@ -529,7 +567,9 @@ pub fn matvec_with(
             params.item0 = to_u32(item0, "first item")?;
             let (gy, gz) = item_grid(count / tile);
             let pipeline = if params.x_mode == 3 {
-                norm_key(w, entry, per_sg, tile)
+                fused_key("matvec_norm", w, entry, per_sg, tile, 3)
+            } else if y0_mode == 3 {
+                fused_key("matvec_conv", w, entry, per_sg, tile, 0)
             } else {
                 key(w, any_length(w, x, xform), entry, per_sg, tile, xform)
             };
@@ -627,6 +667,27 @@ fn norm_params(
     params.y2_offset = to_u32(n.normed.offset, "normed offset")?;
     params.y2_stride = to_u32(n.normed.stride, "normed stride")?;
     Ok(())
+}
+
+/// A [`ConvStore`] needs one vector, no other store transform, and segment 0's rows as its
+/// channels.
+fn conv_checks(
+    w: &GpuWeight,
+    x: View,
+    silu0: Option<f32>,
+    first: [usize; 3],
+    conv: ConvStore,
+    items: usize,
+) -> Result<(), GpuError> {
+    let channels = first[1];
+    if items != 1 || silu0.is_some() || any_length(w, x, XForm::Plain) {
+        return Err(GpuError::BadArgs(format!(
+            "matvec {}: the conv store takes one vector and plain rows",
+            w.name
+        )));
+    }
+    need_floats(conv.history, 3 * channels, "conv history")?;
+    need_floats(conv.weight, 4 * channels, "conv taps")
 }
 
 fn segment_params(

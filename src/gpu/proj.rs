@@ -11,7 +11,7 @@ use crate::model::weights::QuantMatrix;
 
 use super::buffers::GpuWeight;
 use super::kernels::{Recorder, View};
-use super::matvec::{self, InputNorm, Store, XForm};
+use super::matvec::{self, ConvStore, InputNorm, SegFusion, Store, XForm};
 use super::{GpuContext, GpuError};
 
 /// One matrix of a projection: GGUF rows of `ty`.
@@ -148,7 +148,7 @@ impl MultiProj {
         t: usize,
         silu0: Option<f32>,
     ) -> Result<bool, GpuError> {
-        self.record_with(ctx, rec, x, outs, t, silu0, None)
+        self.record_with(ctx, rec, x, outs, t, silu0, SegFusion::None)
     }
 
     /// Whether [`Self::record_normed`] can take an input normed in groups of `group` values with
@@ -180,8 +180,26 @@ impl MultiProj {
                 "projection cannot norm its input on load".into(),
             ));
         }
-        self.record_with(ctx, rec, x, outs, t, silu0, Some(norm))
+        self.record_with(ctx, rec, x, outs, t, silu0, SegFusion::Norm(norm))
             .map(|_| ())
+    }
+
+    /// Decode's GDN input projection with the conv in its store ([`ConvStore`]): group 0 is the
+    /// conv's input channels, and `outs[0]` receives their conv outputs. One vector only; `None`
+    /// (nothing recorded) where the matrices are not joined, so the caller runs the conv itself.
+    pub fn record_conv(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recorder,
+        x: View,
+        outs: &[View],
+        conv: ConvStore,
+    ) -> Result<Option<()>, GpuError> {
+        if self.fused.is_none() {
+            return Ok(None);
+        }
+        self.record_with(ctx, rec, x, outs, 1, None, SegFusion::Conv(conv))
+            .map(|_| Some(()))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -193,7 +211,7 @@ impl MultiProj {
         outs: &[View],
         t: usize,
         silu0: Option<f32>,
-        norm: Option<InputNorm>,
+        fused: SegFusion,
     ) -> Result<bool, GpuError> {
         if outs.len() != self.group_rows.len() {
             return Err(GpuError::BadArgs(format!(
@@ -209,7 +227,7 @@ impl MultiProj {
                 outs: [pick(0), pick(1), pick(2)],
                 first: [0, self.rows(0), self.rows(0) + self.rows(1)],
                 silu0,
-                norm,
+                fused,
             };
             matvec::matvec_with(ctx, rec, w, x, XForm::Plain, store, t)?;
             return Ok(silu0.is_some());

@@ -26,6 +26,11 @@ const X_NORM: &str = include_str!("../../shaders/quant/x_norm.wgsl");
 const X_NORM_NONE: &str =
     "fn norm_prologue(tile: Tile, wg_x: u32, lid: u32, lane: u32, sg_id: u32, n_sg: u32) {}\n";
 const X_NORM_SEG_NONE: &str = "fn norm_seg(s: Seg, pos: u32, j: u32) -> Seg { return s; }\n";
+// Decode's GDN conv in the input projection's store (Y0_MODE 3): the `matvec_conv` assemblies bind
+// the conv history and taps; the others store the rows as they are.
+const CONV_TAP: &str = include_str!("../../shaders/conv_tap.wgsl");
+const SEG_CONV: &str = include_str!("../../shaders/quant/seg_conv.wgsl");
+const SEG_CONV_NONE: &str = "fn seg0_store(c: u32, u: f32) -> f32 { return u; }\n";
 
 /// Weight formats the GPU kernels can read, with the WGSL file that dequantizes them.
 pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
@@ -94,7 +99,9 @@ pub fn supports(ty: GgmlType) -> bool {
 
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
-        "matvec" | "matvec_any" | "matvec_norm" => include_str!("../../shaders/matvec.wgsl"),
+        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" => {
+            include_str!("../../shaders/matvec.wgsl")
+        }
         "norm" => include_str!("../../shaders/norm.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
         "hc" => include_str!("../../shaders/hc.wgsl"),
@@ -108,6 +115,28 @@ fn op_source(op: &str) -> Option<&'static str> {
     })
 }
 
+/// The fusions of a mat-vec assembly (`op`): the input norm (`matvec_norm`, split row bodies
+/// only) and decode's GDN conv store (`matvec_conv`), each an identity elsewhere, so only their
+/// own assemblies bind what they read.
+fn fusion_sources(op: &str, split: bool) -> String {
+    let mut s = String::new();
+    if op == "matvec_norm" {
+        s.push_str(X_NORM);
+    } else {
+        s.push_str(X_NORM_NONE);
+        if split && op != "matvec_any" {
+            s.push_str(X_NORM_SEG_NONE);
+        }
+    }
+    if op == "matvec_conv" {
+        s.push_str(CONV_TAP);
+        s.push_str(SEG_CONV);
+    } else {
+        s.push_str(SEG_CONV_NONE);
+    }
+    s
+}
+
 /// Assemble shader `name`: either an op (`norm`) or a quantized op (`matvec:Q4_K`).
 pub fn assemble(name: &str) -> Result<String, GpuError> {
     let unknown = || GpuError::Shader {
@@ -115,6 +144,10 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
         message: "no such shader".into(),
     };
     match name.split_once(':') {
+        // The GDN conv shares its tap expression with matvec_conv's store.
+        None if name == "gdn" => op_source(name)
+            .map(|s| format!("{s}\n{CONV_TAP}"))
+            .ok_or_else(unknown),
         None => op_source(name).map(str::to_string).ok_or_else(unknown),
         Some((op, ty_name)) => {
             let body = op_source(op).ok_or_else(unknown)?;
@@ -141,20 +174,15 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 format!("{}\n{ROWS_BLOCK}", row_body(ty))
             };
-            let norm = match (op, split) {
-                ("matvec_norm", _) => X_NORM.to_string(),
-                ("matvec", true) => format!("{X_NORM_NONE}{X_NORM_SEG_NONE}"),
-                ("matvec" | "matvec_any", _) => X_NORM_NONE.to_string(),
-                _ => String::new(),
-            };
             // Types without a workgroup codebook get an empty prologue (shaders/matvec.wgsl).
             let prologue = if quant.contains("fn prologue(") {
                 ""
             } else {
                 "fn prologue(lid: u32) {}\n"
             };
+            let fused = fusion_sources(op, split);
             Ok(format!(
-                "{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}\n{norm}"
+                "{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}\n{fused}"
             ))
         }
     }

@@ -1,6 +1,7 @@
 //! Gated DeltaNet layers, and the output projection both mixers end with.
 
 use super::*;
+use crate::gpu::kernels::ConvStore;
 
 impl GpuSequence {
     pub(super) fn gdn(
@@ -22,12 +23,11 @@ impl GpuSequence {
         let ch = g.conv_channels();
         let nv = g.n_v_heads;
         let x = View::new(&s.x_in, 0, h);
-        let outs = [
+        let mut outs = [
             View::new(&s.mixed, 0, ch),
             View::new(&s.z, 0, g.value_dim()),
             View::new(&s.beta_alpha, 0, 2 * nv),
         ];
-        w.input.record(c, rec, x, &outs, t)?;
         let shape = GdnShape {
             channels: ch,
             kernel: g.conv_kernel,
@@ -36,7 +36,22 @@ impl GpuSequence {
             dk: g.head_k_dim,
             dv: g.head_v_dim,
         };
-        ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
+        // One token of a 4-tap conv: the conv runs in the input projection's store (the same
+        // expression as gdn_conv's, so the same bits), one dispatch fewer.
+        let mut conv_done = false;
+        if t == 1 && g.conv_kernel == 4 && w.input.rows(0) == ch {
+            outs[0] = View::new(&s.conv_out, 0, ch);
+            let store = ConvStore {
+                history: conv,
+                weight: &w.conv,
+            };
+            conv_done = w.input.record_conv(c, rec, x, &outs, store)?.is_some();
+            outs[0] = View::new(&s.mixed, 0, ch);
+        }
+        if !conv_done {
+            w.input.record(c, rec, x, &outs, t)?;
+            ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
+        }
         ops::gdn_recurrence(
             c,
             rec,
