@@ -11,6 +11,7 @@ struct Params {
     dk: u32,
     dv: u32,
     key_dim: u32,      // n_k_heads * dk
+    eps: f32,          // gdn_recurrence_norm: the gated norm's epsilon
 }
 
 var<immediate> p: Params;
@@ -118,13 +119,17 @@ const MAX_DK: u32 = 128u;
 const KEY_GROUPS: u32 = 4u;
 const REC_WG: u32 = 64u;
 const COLS_PER_WG: u32 = REC_WG / KEY_GROUPS;
+// gdn_recurrence_norm: a workgroup per value head, 4 lanes per column (HEAD_WG = 4 x the columns,
+// at most 1,024 invocations, so heads of at most 256 values).
+override HEAD_WG: u32 = 512u;
+const HEAD_COLS_MAX: u32 = 256u;
 // Tokens staged per batch: the workgroup loads a batch's q and k (L2-normalised once per token by
 // one quad each), v, beta and decay into workgroup memory, then walks its tokens from there.
 const BATCH: u32 = 8u;
 
 // Normalised q (even slots) and k (odd slots) of the batch's tokens, MAX_DK values each.
 var<workgroup> QK: array<vec4<f32>, 512>; // 2 * BATCH * MAX_DK / 4
-var<workgroup> VB: array<f32, 128>;       // BATCH * COLS_PER_WG values
+var<workgroup> VB: array<f32, 2048>;      // BATCH * columns of the workgroup (at most 256)
 var<workgroup> BETA: array<f32, 8>;
 var<workgroup> DECAY: array<f32, 8>;
 
@@ -257,7 +262,7 @@ fn put_state4(base: u32, key: u32, col: u32, valid: bool, v: vec4<f32>) {
 
 // Stage tokens t0 .. t0 + n: quad v (< 2n) normalises vector v (q of token v / 2 when v is even,
 // k when odd) and writes its MAX_DK values; v, beta and decay of the workgroup's columns and head.
-fn stage(t0: u32, n: u32, tid: u32, g: u32, head: u32, col_base: u32) {
+fn stage(t0: u32, n: u32, tid: u32, g: u32, head: u32, col_base: u32, cols: u32, wg_size: u32) {
     let vq = tid / KEY_GROUPS;
     let tok = vq / 2u;
     let is_k = vq % 2u;
@@ -274,11 +279,14 @@ fn stage(t0: u32, n: u32, tid: u32, g: u32, head: u32, col_base: u32) {
     if (is_k == 0u) {
         inv = inv * (1.0 / sqrt(f32(p.dk)));
     }
-    store_shared32(vq * (MAX_DK / 4u) + 8u * g, scale32(keys, inv));
+    // Only the first 2 * BATCH quads have a vector (wider workgroups have more quads).
+    if (vq < 2u * BATCH) {
+        store_shared32(vq * (MAX_DK / 4u) + 8u * g, scale32(keys, inv));
+    }
     let nv = p.n_v_heads;
-    for (var i = tid; i < BATCH * COLS_PER_WG; i += REC_WG) {
-        let t = i / COLS_PER_WG;
-        let col = col_base + i % COLS_PER_WG;
+    for (var i = tid; i < BATCH * cols; i += wg_size) {
+        let t = i / cols;
+        let col = col_base + i % cols;
         var v = 0.0;
         if (t < n && col < p.dv) {
             v = QKV[(t0 + t) * p.channels + 2u * p.key_dim + head * p.dv + col];
@@ -300,14 +308,47 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>,
                   @builtin(subgroup_id) sg_id: u32,
                   @builtin(subgroup_size) sg_size: u32,
                   @builtin(subgroup_invocation_id) lane: u32) {
-    let g = lane % KEY_GROUPS;
     let tid = sg_id * sg_size + lane;
+    recur(Cols(wg.y, wg.x * COLS_PER_WG, COLS_PER_WG, REC_WG), tid, lane % KEY_GROUPS, false);
+}
+
+// gdn_recurrence with the GDN output's gated RMS norm (model-spec 2.6; what norm.wgsl's
+// rmsnorm_gated computes, here with its own sum order) in the same dispatch: a workgroup holds a
+// whole value head, so it has all of a token's outputs for the norm. Bindings: the gate z and the
+// norm weight (one head's dv values).
+@group(0) @binding(9) var<storage, read> GZ: array<f32>;  // [T, n_v_heads * dv]
+@group(0) @binding(10) var<storage, read> GW: array<f32>; // [dv]
+// The batch's outputs before the norm, the per-token partial sums, and the inverse norms.
+var<workgroup> OUTB: array<f32, 2048>;
+var<workgroup> RED: array<f32, 1024>;
+var<workgroup> INV: array<f32, 8>;
+
+@compute @workgroup_size(HEAD_WG)
+fn gdn_recurrence_norm(@builtin(workgroup_id) wg: vec3<u32>,
+                       @builtin(subgroup_id) sg_id: u32,
+                       @builtin(subgroup_size) sg_size: u32,
+                       @builtin(subgroup_invocation_id) lane: u32) {
+    let tid = sg_id * sg_size + lane;
+    recur(Cols(wg.y, 0u, HEAD_WG / KEY_GROUPS, HEAD_WG), tid, lane % KEY_GROUPS, true);
+}
+
+// A workgroup's value head and columns (col_base .. col_base + cols) and its size.
+struct Cols {
+    head: u32,
+    base: u32,
+    cols: u32,
+    wg_size: u32,
+}
+
+// The recurrence of the workgroup's columns over the chunk; with `normed`, the outputs of each
+// batch of tokens go through the gated norm (the workgroup holds the whole head) before they are
+// stored. Called by every invocation (it holds barriers).
+fn recur(w: Cols, tid: u32, g: u32, normed: bool) {
     let quad = tid / KEY_GROUPS;
-    let head = wg.y;
-    let col_base = wg.x * COLS_PER_WG;
-    let col = col_base + quad;
+    let col = w.base + quad;
+    let head = w.head;
     // No early return: every lane takes part in the shuffles and barriers.
-    let valid = quad < COLS_PER_WG && col < p.dv && head < p.n_v_heads;
+    let valid = quad < w.cols && col < p.dv && head < p.n_v_heads;
     let base = head * p.dk * p.dv;
     let k0 = 32u * g;
     var s = K32(state4(base, k0, col, valid), state4(base, k0 + 4u, col, valid),
@@ -318,19 +359,26 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>,
     for (var t0 = 0u; t0 < p.tokens; t0 += BATCH) {
         let n = min(BATCH, p.tokens - t0);
         workgroupBarrier();
-        stage(t0, n, tid, g, head, col_base);
+        stage(t0, n, tid, g, head, w.base, w.cols, w.wg_size);
         workgroupBarrier();
         for (var t = 0u; t < n; t++) {
             let q = shared32((2u * t) * (MAX_DK / 4u) + 8u * g);
             let k = shared32((2u * t + 1u) * (MAX_DK / 4u) + 8u * g);
             s = scale32(s, DECAY[t]);
             let predicted = quad_sum(dot32(s, k));
-            let delta = (VB[t * COLS_PER_WG + quad % COLS_PER_WG] - predicted) * BETA[t];
+            let delta = (VB[t * w.cols + quad % w.cols] - predicted) * BETA[t];
             s = axpy32(s, k, delta);
             let total = quad_sum(dot32(s, q));
             if (valid && g == 0u) {
-                O[(t0 + t) * out_stride + head * p.dv + col] = total;
+                if (normed) {
+                    OUTB[t * w.cols + quad] = total;
+                } else {
+                    O[(t0 + t) * out_stride + head * p.dv + col] = total;
+                }
             }
+        }
+        if (normed) {
+            gated_norm(t0, n, tid, w);
         }
     }
     put_state4(base, k0, col, valid, s.v0);
@@ -341,4 +389,41 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>,
     put_state4(base, k0 + 20u, col, valid, s.v5);
     put_state4(base, k0 + 24u, col, valid, s.v6);
     put_state4(base, k0 + 28u, col, valid, s.v7);
+}
+
+// The gated RMS norm of the batch's n outputs (OUTB, one head per workgroup): invocation tid adds
+// the squares of columns tid % P, tid % P + P, ... of token tid / P (P = wg_size / BATCH) in
+// order; invocation t < n adds token t's P partial sums in order, inv = 1 / sqrt(mean + eps);
+// each output is (y * inv) * weight * sigmoid(z), as rmsnorm_gated stores it.
+fn gated_norm(t0: u32, n: u32, tid: u32, w: Cols) {
+    workgroupBarrier();
+    let per = w.wg_size / BATCH;
+    let tt = tid / per;
+    var acc = 0.0;
+    if (tt < n) {
+        for (var c = tid % per; c < p.dv; c += per) {
+            let v = OUTB[tt * w.cols + c];
+            acc = fma(v, v, acc);
+        }
+    }
+    RED[tid] = acc;
+    workgroupBarrier();
+    if (tid < n) {
+        var total = 0.0;
+        for (var q = 0u; q < per; q++) {
+            total += RED[tid * per + q];
+        }
+        INV[tid] = 1.0 / sqrt(total / f32(p.dv) + p.eps);
+    }
+    workgroupBarrier();
+    let out_stride = p.n_v_heads * p.dv;
+    for (var i = tid; i < n * w.cols; i += w.wg_size) {
+        let t = i / w.cols;
+        let c = i % w.cols;
+        if (c < p.dv) {
+            let at = (t0 + t) * out_stride + w.head * p.dv + c;
+            let gate = 1.0 / (1.0 + exp(-GZ[at]));
+            O[at] = OUTB[i] * INV[t] * GW[c] * gate;
+        }
+    }
 }

@@ -294,7 +294,10 @@ fn all_op_shaders_build() {
             &["silu_scale", "swiglu", "copy_rows", "block_mean"],
         ),
         ("hc", &["hc_mix_out", "hc_combine"]),
-        ("gdn", &["gdn_conv", "gdn_recurrence"]),
+        (
+            "gdn",
+            &["gdn_conv", "gdn_recurrence", "gdn_recurrence_norm"],
+        ),
         ("ple", &["ple_gate", "ple_conv"]),
         ("qsa", &["rope", "qsa_select", "qsa_attend", "qsa_merge"]),
         (
@@ -914,6 +917,121 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     }
     close(&whole, &want, 1e-5, "gdn conv + recurrence");
     close(&state_whole, &s, 1e-5, "gdn state");
+}
+
+/// The GDN output's gated norm in the recurrence's dispatch (`gdn_recurrence_norm`, a workgroup
+/// per value head) against the recurrence followed by `rmsnorm_gated`: the state must come out
+/// with the same bits (the same recurrence arithmetic), the normed outputs within 1e-5 (the
+/// norm's sum order differs), and chunks of 1 and of 3, 9, 1 tokens must give the bits of one
+/// dispatch. Heads of 16, 20 (no multiple of 8), 128 and 256 values.
+#[test]
+fn gdn_gated_norm_in_the_recurrence_matches_the_separate_norm() {
+    let Some(ctx) = context() else { return };
+    for (n_k_heads, n_v_heads, dk, dv, tokens) in [
+        (2, 4, 16, 16, 9),
+        (3, 6, 23, 20, 11),
+        (1, 3, 128, 128, 10),
+        (1, 2, 32, 256, 5),
+    ] {
+        let key_dim = n_k_heads * dk;
+        let shape = GdnShape {
+            channels: 2 * key_dim + n_v_heads * dv,
+            kernel: 4,
+            n_k_heads,
+            n_v_heads,
+            dk,
+            dv,
+        };
+        gdn_norm_case(&ctx, shape, tokens);
+    }
+}
+
+fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
+    let (nv, dk, dv, ch) = (shape.n_v_heads, shape.dk, shape.dv, shape.channels);
+    let what = format!("dk {dk} dv {dv} heads {nv}");
+    let qkv = random_vec(tokens * ch, 61);
+    let ba = random_vec(tokens * 2 * nv, 62);
+    let mut gp = random_vec(nv, 63);
+    gp.extend(random_vec(nv, 64).iter().map(|v| -0.5 - v.abs()));
+    let z = random_vec(tokens * nv * dv, 65);
+    let nw: Vec<f32> = random_vec(dv, 66).iter().map(|v| 1.0 + v).collect();
+    let eps = 1e-6f32;
+    let (gpb, nwb) = (upload(ctx, &gp), upload(ctx, &nw));
+
+    // Separate kernels over the whole chunk.
+    let state_a = GpuBuf::zeros(ctx, "state a", nv * dk * dv).expect("state");
+    let raw = GpuBuf::zeros(ctx, "raw", tokens * nv * dv).expect("raw");
+    let normed_a = GpuBuf::zeros(ctx, "normed a", tokens * nv * dv).expect("normed");
+    let (qb, bab, zb) = (upload(ctx, &qkv), upload(ctx, &ba), upload(ctx, &z));
+    let mut rec = Recorder::new();
+    gops::gdn_recurrence(
+        ctx, &mut rec, &shape, &qb, &bab, &gpb, &state_a, &raw, tokens,
+    )
+    .expect("recurrence");
+    let spec = NormSpec {
+        mode: NormMode::Rms,
+        eps,
+        scale: 1.0,
+        weight: Some((&nwb, dv)),
+    };
+    let heads = Groups::packed(dv, nv);
+    gops::rmsnorm_gated(
+        ctx, &mut rec, &spec, &raw, &zb, heads, &normed_a, heads, tokens,
+    )
+    .expect("gated norm");
+    rec.run(ctx).expect("separate");
+    let want = download(ctx, &normed_a, tokens * nv * dv);
+    let want_state = download(ctx, &state_a, nv * dk * dv);
+
+    let fused = |chunks: &[usize]| -> (Vec<f32>, Vec<f32>) {
+        let state = GpuBuf::zeros(ctx, "state", nv * dk * dv).expect("state");
+        let mut out = Vec::new();
+        let mut t0 = 0;
+        for &n in chunks.iter().cycle() {
+            if t0 == tokens {
+                break;
+            }
+            let n = n.min(tokens - t0);
+            let q = upload(ctx, &qkv[t0 * ch..(t0 + n) * ch]);
+            let b = upload(ctx, &ba[t0 * 2 * nv..(t0 + n) * 2 * nv]);
+            let zz = upload(ctx, &z[t0 * nv * dv..(t0 + n) * nv * dv]);
+            let o = GpuBuf::zeros(ctx, "o", n * nv * dv).expect("o");
+            let norm = gops::GatedNorm {
+                z: &zz,
+                weight: &nwb,
+                eps,
+            };
+            let mut rec = Recorder::new();
+            gops::gdn_recurrence_norm(ctx, &mut rec, &shape, &q, &b, &gpb, &state, norm, &o, n)
+                .expect("fused");
+            rec.run(ctx).expect("fused run");
+            out.extend(download(ctx, &o, n * nv * dv));
+            t0 += n;
+        }
+        (out, download(ctx, &state, nv * dk * dv))
+    };
+    let (whole, state) = fused(&[tokens]);
+    for (i, (a, b)) in state.iter().zip(&want_state).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}: state value {i}");
+    }
+    close(&whole, &want, 1e-5, &format!("{what}: fused gated norm"));
+    for chunks in [&[1][..], &[3, 9, 1]] {
+        let (split, split_state) = fused(chunks);
+        assert!(
+            whole
+                .iter()
+                .zip(&split)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: chunks {chunks:?} != one dispatch"
+        );
+        assert!(
+            split_state
+                .iter()
+                .zip(&state)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: state differs for chunks {chunks:?}"
+        );
+    }
 }
 
 /// QSA block selection (top-budget with lowest-id ties, ascending list) and attention over the

@@ -446,6 +446,11 @@ pub struct GdnShape {
 
 impl GdnShape {
     fn params(&self, tokens: usize) -> Result<Vec<u8>, GpuError> {
+        self.params_eps(tokens, 0.0)
+    }
+
+    /// The parameters with the gated norm's epsilon (gdn_recurrence_norm).
+    fn params_eps(&self, tokens: usize, eps: f32) -> Result<Vec<u8>, GpuError> {
         Ok(words(&[
             u(tokens)?,
             u(self.channels)?,
@@ -455,6 +460,7 @@ impl GdnShape {
             u(self.dk)?,
             u(self.dv)?,
             u(self.n_k_heads * self.dk)?,
+            eps.to_bits(),
         ]))
     }
 }
@@ -539,10 +545,78 @@ pub fn gdn_recurrence(
             (6, &*gate_params.buffer),
             (7, &*state.buffer),
             (8, &*out.buffer),
+            // The gated norm's gate and weight, which this entry point never reads (it shares
+            // its body with gdn_recurrence_norm): any buffers.
+            (9, &*beta_alpha.buffer),
+            (10, &*gate_params.buffer),
         ],
         &shape.params(tokens)?,
         // Workgroups of 16 value columns x 4 key lanes, one row of them per value head.
         [u(shape.dv.div_ceil(16))?, u(nv)?, 1],
+    )
+}
+
+/// Largest value head [`gdn_recurrence_norm`] holds in one workgroup.
+pub const GDN_NORM_MAX_DV: usize = 256;
+
+/// The GDN output's gated norm in the recurrence's dispatch ([`gdn_recurrence_norm`]).
+#[derive(Clone, Copy)]
+pub struct GatedNorm<'a> {
+    /// The gate z, `n_v_heads * dv` per token.
+    pub z: &'a GpuBuf,
+    /// The norm weight, `dv` values (shared by the heads).
+    pub weight: &'a GpuBuf,
+    pub eps: f32,
+}
+
+/// [`gdn_recurrence`] followed by the gated RMS norm of each head's output,
+/// `y * inv * weight * sigmoid(z)` with `inv = 1 / sqrt(mean(y^2) + eps)` per (token, head) (what
+/// [`rmsnorm_gated`] computes, with its own sum order), in one dispatch: a workgroup per value
+/// head of at most [`GDN_NORM_MAX_DV`] values. The recurrence arithmetic is gdn_recurrence's.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_recurrence_norm(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    shape: &GdnShape,
+    qkv: &GpuBuf,
+    beta_alpha: &GpuBuf,
+    gate_params: &GpuBuf,
+    state: &GpuBuf,
+    norm: GatedNorm,
+    out: &GpuBuf,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    if shape.dk > GDN_MAX_DK || shape.dv > GDN_NORM_MAX_DV {
+        return Err(GpuError::Unsupported(format!(
+            "GDN heads of {} keys and {} values in one workgroup",
+            shape.dk, shape.dv
+        )));
+    }
+    let nv = shape.n_v_heads;
+    need(qkv, tokens * shape.channels, "gdn qkv")?;
+    need(beta_alpha, tokens * 2 * nv, "gdn beta/alpha")?;
+    need(gate_params, 2 * nv, "gdn dt_bias/a")?;
+    need(state, nv * shape.dk * shape.dv, "gdn state")?;
+    need(norm.z, tokens * nv * shape.dv, "gdn output gate")?;
+    need(norm.weight, shape.dv, "gdn norm weight")?;
+    need(out, tokens * nv * shape.dv, "gdn output")?;
+    // 4 lanes per column; at least the 16 quads that stage a batch's q and k, and a multiple of
+    // the batch (8 tokens) for the norm's partial sums.
+    let wg = (4 * shape.dv.next_multiple_of(8)).max(64);
+    rec.push(
+        ctx,
+        &PipelineKey::new("gdn", "gdn_recurrence_norm").constant("HEAD_WG", wg as f64),
+        &[
+            (4, &*qkv.buffer),
+            (5, &*beta_alpha.buffer),
+            (6, &*gate_params.buffer),
+            (7, &*state.buffer),
+            (8, &*out.buffer),
+            (9, &*norm.z.buffer),
+            (10, &*norm.weight.buffer),
+        ],
+        &shape.params_eps(tokens, norm.eps)?,
+        [1, u(nv)?, 1],
     )
 }
 

@@ -52,29 +52,50 @@ impl GpuSequence {
             w.input.record(c, rec, x, &outs, t)?;
             ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
         }
-        ops::gdn_recurrence(
-            c,
-            rec,
-            &shape,
-            &s.conv_out,
-            &s.beta_alpha,
-            &w.gate_params,
-            ssm,
-            &s.recurrent_out,
-            t,
-        )?;
-        let per_head = Groups::packed(g.head_v_dim, nv);
-        ops::rmsnorm_gated(
-            c,
-            rec,
-            &self.norm_spec(Some((&w.norm, g.head_v_dim))),
-            &s.recurrent_out,
-            &s.z,
-            per_head,
-            &s.gdn_normed,
-            per_head,
-            t,
-        )?;
+        if g.head_v_dim <= ops::GDN_NORM_MAX_DV {
+            // The gated norm in the recurrence's dispatch (a workgroup per value head).
+            let norm = ops::GatedNorm {
+                z: &s.z,
+                weight: &w.norm,
+                eps: cfg.rms_eps,
+            };
+            ops::gdn_recurrence_norm(
+                c,
+                rec,
+                &shape,
+                &s.conv_out,
+                &s.beta_alpha,
+                &w.gate_params,
+                ssm,
+                norm,
+                &s.gdn_normed,
+                t,
+            )?;
+        } else {
+            ops::gdn_recurrence(
+                c,
+                rec,
+                &shape,
+                &s.conv_out,
+                &s.beta_alpha,
+                &w.gate_params,
+                ssm,
+                &s.recurrent_out,
+                t,
+            )?;
+            let per_head = Groups::packed(g.head_v_dim, nv);
+            ops::rmsnorm_gated(
+                c,
+                rec,
+                &self.norm_spec(Some((&w.norm, g.head_v_dim))),
+                &s.recurrent_out,
+                &s.z,
+                per_head,
+                &s.gdn_normed,
+                per_head,
+                t,
+            )?;
+        }
         let x = View::new(&s.gdn_normed, 0, g.value_dim());
         self.out_and_combine(rec, &w.out, x, t)
     }
