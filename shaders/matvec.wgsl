@@ -283,6 +283,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
 
 @compute @workgroup_size(WG)
 fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
+              @builtin(num_workgroups) n_wg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32,
               @builtin(subgroup_id) sg_id: u32,
               @builtin(num_subgroups) n_sg: u32,
@@ -295,7 +296,7 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
         return;
     }
     if (X_MODE == 3u) {
-        norm_prologue(tile, wg.x, lid, lane, sg_id, n_sg);
+        norm_prologue(tile, wg.x, n_wg.x, lid, lane, sg_id, n_sg);
     }
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
         let grp = group_at(wg.x, g0 + sg_id / KSPLIT);

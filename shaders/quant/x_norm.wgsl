@@ -5,8 +5,8 @@
 // (x[i] * inv[group]) * AUX[i % p.norm_period], inv = 1 / sqrt(mean of the group's squares + eps).
 //
 // Every workgroup computes the inverse norms of its tile's vectors (an L2-resident read of X);
-// the workgroups of grid column 0 also store the normed vectors into Y2 (offset p.y2_offset,
-// stride p.y2_stride), which later kernels read (the hyper-connection mix). The stored values and
+// the workgroups of a tile's grid row also store a slice each of its normed vectors into Y2
+// (offset p.y2_offset, stride p.y2_stride), which later kernels read (the hyper-connection mix). The stored values and
 // the values the rows multiply are the same expression, `norm4`, so the rows equal a plain
 // mat-vec over the stored vectors bit for bit. Sum order (fixed): invocation l adds the squares
 // of vec4 l, l + WG, ... of the vector in order (components x, y, z, w), each into its group's
@@ -23,13 +23,31 @@ fn add_sq(acc: vec4<f32>, x: vec4<f32>, g: u32) -> vec4<f32> {
     return select(acc, vec4<f32>(s), vec4<bool>(g == 0u, g == 1u, g == 2u, g == 3u));
 }
 
-// This invocation's group sums of the vector starting at vec4 `xb4`. Four loads are issued
-// together, so the vector costs a few memory latencies.
+// This invocation's group sums of the vector starting at vec4 `xb4`. Eight, then four loads are
+// issued together, so the vector costs a few memory latencies.
 fn norm_sums(xb4: u32, lid: u32) -> vec4<f32> {
     let n4 = p.h / 4u;
     let k4 = n4 * p.hc;
     var acc = vec4<f32>(0.0);
     var v = lid;
+    for (; v + 7u * WG < k4; v += 8u * WG) {
+        let a = X[xb4 + v];
+        let b = X[xb4 + v + WG];
+        let c = X[xb4 + v + 2u * WG];
+        let d = X[xb4 + v + 3u * WG];
+        let e = X[xb4 + v + 4u * WG];
+        let f = X[xb4 + v + 5u * WG];
+        let g = X[xb4 + v + 6u * WG];
+        let h = X[xb4 + v + 7u * WG];
+        acc = add_sq(acc, a, v / n4);
+        acc = add_sq(acc, b, (v + WG) / n4);
+        acc = add_sq(acc, c, (v + 2u * WG) / n4);
+        acc = add_sq(acc, d, (v + 3u * WG) / n4);
+        acc = add_sq(acc, e, (v + 4u * WG) / n4);
+        acc = add_sq(acc, f, (v + 5u * WG) / n4);
+        acc = add_sq(acc, g, (v + 6u * WG) / n4);
+        acc = add_sq(acc, h, (v + 7u * WG) / n4);
+    }
     for (; v + 3u * WG < k4; v += 4u * WG) {
         let a = X[xb4 + v];
         let b = X[xb4 + v + WG];
@@ -51,9 +69,9 @@ fn norm4(x: vec4<f32>, inv: f32, w: u32) -> vec4<f32> {
     return x * inv * vec4<f32>(AUX[w], AUX[w + 1u], AUX[w + 2u], AUX[w + 3u]);
 }
 
-// The tile's inverse norms into NORM_INV, and (grid column 0) its normed vectors into Y2. Called
-// by every invocation of the workgroup (it holds barriers).
-fn norm_prologue(tile: Tile, wg_x: u32, lid: u32, lane: u32, sg_id: u32, n_sg: u32) {
+// The tile's inverse norms into NORM_INV, and this workgroup's slice (of the grid row's n_wg) of
+// its normed vectors into Y2. Called by every invocation of the workgroup (it holds barriers).
+fn norm_prologue(tile: Tile, wg_x: u32, n_wg: u32, lid: u32, lane: u32, sg_id: u32, n_sg: u32) {
     for (var j = 0u; j < ITEMS; j++) {
         let s = subgroupAdd(norm_sums((tile.x_base + XS[j]) >> 2u, lid));
         if (lane == 0u) {
@@ -69,15 +87,16 @@ fn norm_prologue(tile: Tile, wg_x: u32, lid: u32, lane: u32, sg_id: u32, n_sg: u
         NORM_INV[lid] = vec4<f32>(1.0) / sqrt(total / f32(p.h) + vec4<f32>(p.norm_eps));
     }
     workgroupBarrier();
-    if (wg_x != 0u) {
-        return;
-    }
+    // The grid's n_wg columns store the normed vectors in slices, a few vec4 per invocation: a
+    // long loop in one workgroup would hold the whole dispatch for its memory latencies.
     let n4 = p.h / 4u;
     let k4 = n4 * p.hc;
+    let slice = (k4 + n_wg - 1u) / n_wg;
+    let end = min(k4, (wg_x + 1u) * slice);
     for (var j = 0u; j < ITEMS; j++) {
         let xb4 = (tile.x_base + XS[j]) >> 2u;
         let out = (tile.first_item + j) * p.y2_stride + p.y2_offset;
-        for (var v = lid; v < k4; v += WG) {
+        for (var v = wg_x * slice + lid; v < end; v += WG) {
             let y = norm4(X[xb4 + v], comp(NORM_INV[j], v / n4), (4u * v) % p.norm_period);
             Y2[out + 4u * v] = y.x;
             Y2[out + 4u * v + 1u] = y.y;

@@ -299,10 +299,10 @@ fn fused_key(
 }
 
 /// Subgroups that share each row of a dense mat-vec (the shader's KSPLIT), for matrices of few
-/// long rows (up to 1,024 rows of 4,096 values or more), which would leave a large GPU mostly idle
-/// with each lane walking tens of loop steps: 4 from 8,192 values, else 2; never more than a
-/// workgroup's subgroups. (On the H200, 320 x 10,240 went from 17 to 11 us; 2,560 x 6,144 rows
-/// got slower split.) It changes a row's summation order, so it depends on the weight and the
+/// long rows (up to 1,024 rows of 2,048 values or more), which would leave a large GPU mostly idle
+/// with each lane walking tens of loop steps: 4; never more than a workgroup's subgroups. (On the
+/// H200: 320 x 10,240 Q6_K 15.6 us unsplit, 12.9 split in 2, 11.6 in 4; the router's
+/// 513 x 2,560 F32 15.1, 12.0, 10.9; 2,560 x 6,144 rows got slower split.) It changes a row's summation order, so it depends on the weight and the
 /// adapter only, never on the number of vectors: prefill and decode agree. (The expert entry
 /// points keep 1.) `STRATA_MATVEC_KSPLIT` (1, 2 or 4) overrides it for every dense weight, for
 /// tuning only: it changes the bits of the rows it touches.
@@ -317,8 +317,7 @@ fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
     let want = match (w.n_rows, w.row_len) {
         _ if tuned.is_some() => tuned.unwrap_or(1),
         (r, _) if r > 1024 => 1,
-        (_, k) if k >= 8192 => 4,
-        (_, k) if k >= 4096 => 2,
+        (_, k) if k >= 2048 => 4,
         _ => 1,
     };
     want.min((wg_size() / subgroup_size(ctx)).max(1))
