@@ -834,7 +834,13 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
             let mut rec = Recorder::new();
             gops::gdn_conv(ctx, &mut rec, &shape, &m, &cw, &hist, &c, n).expect("conv");
             // The recurrence L2-normalises q (and scales it by 1/sqrt(dk)) and k itself.
-            gops::gdn_recurrence(ctx, &mut rec, &shape, &c, &b, &gp, &state, &o, n).expect("rec");
+            let inputs = gops::GdnInputs {
+                qkv: &c,
+                beta_alpha: &b,
+                gate_params: &gp,
+                state: &state,
+            };
+            gops::gdn_recurrence(ctx, &mut rec, &shape, inputs, &o, n).expect("rec");
             rec.run(ctx).expect("run");
             let got = download(ctx, &o, n * nv * dv);
             out.write_f32(ctx, t0 * nv * dv, &got).expect("gather");
@@ -964,10 +970,13 @@ fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     let normed_a = GpuBuf::zeros(ctx, "normed a", tokens * nv * dv).expect("normed");
     let (qb, bab, zb) = (upload(ctx, &qkv), upload(ctx, &ba), upload(ctx, &z));
     let mut rec = Recorder::new();
-    gops::gdn_recurrence(
-        ctx, &mut rec, &shape, &qb, &bab, &gpb, &state_a, &raw, tokens,
-    )
-    .expect("recurrence");
+    let inputs = gops::GdnInputs {
+        qkv: &qb,
+        beta_alpha: &bab,
+        gate_params: &gpb,
+        state: &state_a,
+    };
+    gops::gdn_recurrence(ctx, &mut rec, &shape, inputs, &raw, tokens).expect("recurrence");
     let spec = NormSpec {
         mode: NormMode::Rms,
         eps,
@@ -1002,8 +1011,13 @@ fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
                 eps,
             };
             let mut rec = Recorder::new();
-            gops::gdn_recurrence_norm(ctx, &mut rec, &shape, &q, &b, &gpb, &state, norm, &o, n)
-                .expect("fused");
+            let inputs = gops::GdnInputs {
+                qkv: &q,
+                beta_alpha: &b,
+                gate_params: &gpb,
+                state: &state,
+            };
+            gops::gdn_recurrence_norm(ctx, &mut rec, &shape, inputs, norm, &o, n).expect("fused");
             rec.run(ctx).expect("fused run");
             out.extend(download(ctx, &o, n * nv * dv));
             t0 += n;

@@ -511,48 +511,69 @@ pub fn gdn_conv(
 /// Largest key head dim the recurrence kernel holds per invocation.
 pub const GDN_MAX_DK: usize = 128;
 
+/// What the GDN recurrence reads (and the state it updates in place): the conv output (q, k, v
+/// channels of each token), the beta and alpha logits, dt_bias and a per value head, and the
+/// state of every value head.
+#[derive(Clone, Copy)]
+pub struct GdnInputs<'a> {
+    pub qkv: &'a GpuBuf,
+    pub beta_alpha: &'a GpuBuf,
+    pub gate_params: &'a GpuBuf,
+    pub state: &'a GpuBuf,
+}
+
+impl GdnInputs<'_> {
+    fn check(&self, shape: &GdnShape, out: &GpuBuf, tokens: usize) -> Result<(), GpuError> {
+        if shape.dk > GDN_MAX_DK {
+            return Err(GpuError::Unsupported(format!(
+                "GDN key head dim {} > {GDN_MAX_DK}",
+                shape.dk
+            )));
+        }
+        let nv = shape.n_v_heads;
+        need(self.qkv, tokens * shape.channels, "gdn qkv")?;
+        need(self.beta_alpha, tokens * 2 * nv, "gdn beta/alpha")?;
+        need(self.gate_params, 2 * nv, "gdn dt_bias/a")?;
+        need(self.state, nv * shape.dk * shape.dv, "gdn state")?;
+        need(out, tokens * nv * shape.dv, "gdn output")
+    }
+
+    /// Bindings 4..=8 of gdn.wgsl's recurrence entry points.
+    fn bindings<'a>(&'a self, out: &'a GpuBuf) -> [(u32, &'a wgpu::Buffer); 5] {
+        [
+            (4, &*self.qkv.buffer),
+            (5, &*self.beta_alpha.buffer),
+            (6, &*self.gate_params.buffer),
+            (7, &*self.state.buffer),
+            (8, &*out.buffer),
+        ]
+    }
+}
+
 /// The delta-rule recurrence over the chunk (state updated in place).
-#[allow(clippy::too_many_arguments)]
 pub fn gdn_recurrence(
     ctx: &GpuContext,
     rec: &mut Recorder,
     shape: &GdnShape,
-    qkv: &GpuBuf,
-    beta_alpha: &GpuBuf,
-    gate_params: &GpuBuf,
-    state: &GpuBuf,
+    inputs: GdnInputs,
     out: &GpuBuf,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    if shape.dk > GDN_MAX_DK {
-        return Err(GpuError::Unsupported(format!(
-            "GDN key head dim {} > {GDN_MAX_DK}",
-            shape.dk
-        )));
-    }
-    let nv = shape.n_v_heads;
-    need(qkv, tokens * shape.channels, "gdn qkv")?;
-    need(beta_alpha, tokens * 2 * nv, "gdn beta/alpha")?;
-    need(gate_params, 2 * nv, "gdn dt_bias/a")?;
-    need(state, nv * shape.dk * shape.dv, "gdn state")?;
-    need(out, tokens * nv * shape.dv, "gdn output")?;
+    inputs.check(shape, out, tokens)?;
+    let mut b = inputs.bindings(out).to_vec();
+    // The gated norm's gate and weight, which this entry point never reads (it shares its body
+    // with gdn_recurrence_norm): any buffers.
+    b.extend([
+        (9, &*inputs.beta_alpha.buffer),
+        (10, &*inputs.gate_params.buffer),
+    ]);
     rec.push(
         ctx,
         &PipelineKey::new("gdn", "gdn_recurrence"),
-        &[
-            (4, &*qkv.buffer),
-            (5, &*beta_alpha.buffer),
-            (6, &*gate_params.buffer),
-            (7, &*state.buffer),
-            (8, &*out.buffer),
-            // The gated norm's gate and weight, which this entry point never reads (it shares
-            // its body with gdn_recurrence_norm): any buffers.
-            (9, &*beta_alpha.buffer),
-            (10, &*gate_params.buffer),
-        ],
+        &b,
         &shape.params(tokens)?,
         // Workgroups of 16 value columns x 4 key lanes, one row of them per value head.
-        [u(shape.dv.div_ceil(16))?, u(nv)?, 1],
+        [u(shape.dv.div_ceil(16))?, u(shape.n_v_heads)?, 1],
     )
 }
 
@@ -573,50 +594,39 @@ pub struct GatedNorm<'a> {
 /// `y * inv * weight * sigmoid(z)` with `inv = 1 / sqrt(mean(y^2) + eps)` per (token, head) (what
 /// [`rmsnorm_gated`] computes, with its own sum order), in one dispatch: a workgroup per value
 /// head of at most [`GDN_NORM_MAX_DV`] values. The recurrence arithmetic is gdn_recurrence's.
-#[allow(clippy::too_many_arguments)]
 pub fn gdn_recurrence_norm(
     ctx: &GpuContext,
     rec: &mut Recorder,
     shape: &GdnShape,
-    qkv: &GpuBuf,
-    beta_alpha: &GpuBuf,
-    gate_params: &GpuBuf,
-    state: &GpuBuf,
+    inputs: GdnInputs,
     norm: GatedNorm,
     out: &GpuBuf,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    if shape.dk > GDN_MAX_DK || shape.dv > GDN_NORM_MAX_DV {
+    if shape.dv > GDN_NORM_MAX_DV {
         return Err(GpuError::Unsupported(format!(
-            "GDN heads of {} keys and {} values in one workgroup",
-            shape.dk, shape.dv
+            "GDN value heads of {} > {GDN_NORM_MAX_DV} in one workgroup",
+            shape.dv
         )));
     }
-    let nv = shape.n_v_heads;
-    need(qkv, tokens * shape.channels, "gdn qkv")?;
-    need(beta_alpha, tokens * 2 * nv, "gdn beta/alpha")?;
-    need(gate_params, 2 * nv, "gdn dt_bias/a")?;
-    need(state, nv * shape.dk * shape.dv, "gdn state")?;
-    need(norm.z, tokens * nv * shape.dv, "gdn output gate")?;
+    inputs.check(shape, out, tokens)?;
+    need(
+        norm.z,
+        tokens * shape.n_v_heads * shape.dv,
+        "gdn output gate",
+    )?;
     need(norm.weight, shape.dv, "gdn norm weight")?;
-    need(out, tokens * nv * shape.dv, "gdn output")?;
+    let mut b = inputs.bindings(out).to_vec();
+    b.extend([(9, &*norm.z.buffer), (10, &*norm.weight.buffer)]);
     // 4 lanes per column; at least the 16 quads that stage a batch's q and k, and a multiple of
     // the batch (8 tokens) for the norm's partial sums.
     let wg = (4 * shape.dv.next_multiple_of(8)).max(64);
     rec.push(
         ctx,
         &PipelineKey::new("gdn", "gdn_recurrence_norm").constant("HEAD_WG", wg as f64),
-        &[
-            (4, &*qkv.buffer),
-            (5, &*beta_alpha.buffer),
-            (6, &*gate_params.buffer),
-            (7, &*state.buffer),
-            (8, &*out.buffer),
-            (9, &*norm.z.buffer),
-            (10, &*norm.weight.buffer),
-        ],
+        &b,
         &shape.params_eps(tokens, norm.eps)?,
-        [1, u(nv)?, 1],
+        [1, u(shape.n_v_heads)?, 1],
     )
 }
 

@@ -52,6 +52,12 @@ impl GpuSequence {
             w.input.record(c, rec, x, &outs, t)?;
             ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
         }
+        let inputs = ops::GdnInputs {
+            qkv: &s.conv_out,
+            beta_alpha: &s.beta_alpha,
+            gate_params: &w.gate_params,
+            state: ssm,
+        };
         if g.head_v_dim <= ops::GDN_NORM_MAX_DV {
             // The gated norm in the recurrence's dispatch (a workgroup per value head).
             let norm = ops::GatedNorm {
@@ -59,30 +65,9 @@ impl GpuSequence {
                 weight: &w.norm,
                 eps: cfg.rms_eps,
             };
-            ops::gdn_recurrence_norm(
-                c,
-                rec,
-                &shape,
-                &s.conv_out,
-                &s.beta_alpha,
-                &w.gate_params,
-                ssm,
-                norm,
-                &s.gdn_normed,
-                t,
-            )?;
+            ops::gdn_recurrence_norm(c, rec, &shape, inputs, norm, &s.gdn_normed, t)?;
         } else {
-            ops::gdn_recurrence(
-                c,
-                rec,
-                &shape,
-                &s.conv_out,
-                &s.beta_alpha,
-                &w.gate_params,
-                ssm,
-                &s.recurrent_out,
-                t,
-            )?;
+            ops::gdn_recurrence(c, rec, &shape, inputs, &s.recurrent_out, t)?;
             let per_head = Groups::packed(g.head_v_dim, nv);
             ops::rmsnorm_gated(
                 c,
