@@ -23,8 +23,10 @@ const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: ar
 // it (the norm weight bound as AUX); the others get identities that never touch AUX, so their
 // pipelines do not bind it.
 const X_NORM: &str = include_str!("../../shaders/quant/x_norm.wgsl");
-const X_NORM_NONE: &str =
-    "fn norm_prologue(tile: Tile, wg_x: u32, n_wg: u32, lid: u32, lane: u32, sg_id: u32, n_sg: u32) {}\n";
+const X_NORM_NONE: &str = concat!(
+    "fn norm_prologue(tile: Tile, wg_x: u32, n_wg: u32, lid: u32, lane: u32, sg_id: u32, ",
+    "n_sg: u32) {}\n"
+);
 const X_NORM_SEG_NONE: &str = "fn norm_seg(s: Seg, pos: u32, j: u32) -> Seg { return s; }\n";
 // Decode's GDN conv in the input projection's store (Y0_MODE 3): the `matvec_conv` assemblies bind
 // the conv history and taps; the others store the rows as they are.
