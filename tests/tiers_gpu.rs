@@ -627,3 +627,95 @@ fn pinned_experts_give_the_same_bits() {
         &feed_all(&backend, &prompt, prompt.len()),
     );
 }
+
+/// Pinned experts, what is read where: the token embedding sits in host memory beside the
+/// experts and the VRAM plan no longer counts it, so the budget's hot copies gain its bytes; a
+/// decode step whose layer reads some items from hot copies and the rest from the host tensors
+/// (the two gate|up dispatches writing separate buffers, back to back), and a grouped prefill
+/// chunk doing the same, give the same bits as all resident.
+#[test]
+fn pinned_embedding_in_host_and_split_steps_give_the_same_bits() {
+    let Some(ctx) = context() else { return };
+    if !ctx.has_host_storage() {
+        println!("SKIPPED: the adapter cannot read host memory");
+        return;
+    }
+    let path = fixture("IQ3_S");
+    let prompt = prompt_ids("p64eos");
+    let resident = load(&ctx, &path, &TierArgs::default()).expect("resident load");
+    let expected = feed_all(&resident, &prompt, prompt.len());
+    let (_, total, top_k) = budget_for_slots(&ctx, &path, 0);
+    let budget = budget_for_slots(&ctx, &path, (top_k + 3).min(total - 1)).0;
+    let tiers = TierArgs {
+        vram_budget: Some(budget),
+        experts: ExpertsArg::Pinned,
+        ..TierArgs::default()
+    };
+    let backend = load(&ctx, &path, &tiers).expect("pinned load");
+    assert!(backend.pinned_expert_bytes() > 0);
+
+    // The plan: the embedding left out of the dense weights, its VRAM given to hot copies.
+    let plan = backend.memory_plan().expect("plan");
+    let embedding = "token_embd.weight";
+    assert!(
+        plan.dense.iter().all(|d| d.name != embedding),
+        "the embedding is not planned in VRAM"
+    );
+    let gguf = open(&path);
+    let counted = plan_for_budget(&ctx, &gguf, CONTEXT, backend.max_chunk(), budget)
+        .expect("the plan with the embedding in VRAM");
+    let embd = counted
+        .dense
+        .iter()
+        .find(|d| d.name == embedding)
+        .expect("the embedding is a dense tensor")
+        .vram_bytes;
+    assert_eq!(plan.dense_bytes + embd, counted.dense_bytes);
+    let fixed = counted.vram_total() - counted.expert_slot_bytes();
+    let slots = ((budget - fixed + embd) / plan.slot_bytes).min(total);
+    assert_eq!(
+        plan.expert_slots, slots,
+        "hot copies fill what the embedding left"
+    );
+    assert!(
+        plan.expert_slots > counted.expert_slots,
+        "the embedding's VRAM went to hot copies"
+    );
+    assert!(plan.vram_total() <= budget);
+    let hot = backend.hot_expert_count() as u64;
+    println!(
+        "pinned: {hot} hot experts of {total} (with the embedding in VRAM: {})",
+        counted.expert_slots
+    );
+    assert!(hot == plan.expert_slots && hot < total, "{hot} hot");
+
+    // Decode steps: count those where some layer read from both sources.
+    let mut seq = Arc::clone(&backend).new_sequence().expect("sequence");
+    let per_layer = |b: &Arc<GpuBackend>| b.tier_stats().expect("pinned stats").per_layer;
+    let mut before = per_layer(&backend);
+    let (mut got, mut split_steps) = (Vec::new(), 0);
+    for &id in &prompt {
+        got.extend(seq.feed(&[id], true).expect("feed"));
+        let now = per_layer(&backend);
+        if now.iter().zip(&before).any(|(n, b)| n.0 > b.0 && n.1 > b.1) {
+            split_steps += 1;
+        }
+        before = now;
+    }
+    println!(
+        "{split_steps} of {} decode steps split a layer",
+        prompt.len()
+    );
+    assert!(split_steps > 0, "no decode step read from both sources");
+    assert_same_bytes("pinned, decode steps", &expected, &got);
+
+    // One grouped prefill chunk of the whole prompt, hot and host sources in one layer.
+    let before = per_layer(&backend);
+    let got = feed_all(&backend, &prompt, prompt.len());
+    let now = per_layer(&backend);
+    assert!(
+        now.iter().zip(&before).any(|(n, b)| n.0 > b.0 && n.1 > b.1),
+        "the chunk read from both sources in some layer"
+    );
+    assert_same_bytes("pinned, one chunk", &expected, &got);
+}

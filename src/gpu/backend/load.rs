@@ -5,7 +5,17 @@ use crate::gpu::buffers::Placement;
 use crate::tiers::{DEFAULT_VRAM_RESERVE, ExpertsArg, PleTable, resolve_vram_budget};
 
 pub(super) fn upload(ctx: &GpuContext, m: &QuantMatrix) -> Result<GpuWeight, GpuError> {
-    GpuWeight::upload(ctx, m.name(), m.ty, m.cols, m.rows, 1, m.bytes())
+    upload_placed(ctx, m, Placement::Vram)
+}
+
+/// [`upload`] into memory of `placement`.
+pub(super) fn upload_placed(
+    ctx: &GpuContext,
+    m: &QuantMatrix,
+    placement: Placement,
+) -> Result<GpuWeight, GpuError> {
+    let shape = (m.ty, m.cols, m.rows, 1);
+    GpuWeight::upload_in(ctx, m.name(), shape, m.bytes(), None, placement)
 }
 
 /// Stack experts into one tensor; each unit is expert e's rows of every list in `lists`, in
@@ -215,19 +225,18 @@ impl GpuBackend {
         let expert_bytes = pinned::routed_expert_bytes(&weights);
         let pinned = over_budget && pinned::choose_pinned(&ctx, tiers, expert_bytes)?;
         let tiered = over_budget && !pinned;
-        // Pinned experts take no VRAM: the chunk is planned as if every expert were resident.
-        let (plan, max_chunk) = match (&plan, pinned) {
-            (Some(p), true) => match plan_for_budget(
-                &ctx,
-                &gguf,
-                context_length,
-                DEFAULT_MAX_CHUNK,
-                p.vram_budget,
-            ) {
-                Ok(wide) => (Some(wide), DEFAULT_MAX_CHUNK),
-                Err(_) => (plan, max_chunk),
-            },
-            _ => (plan, max_chunk),
+        // Pinned experts take no VRAM, and the token embedding joins them in host memory: the
+        // plan is made again for that (see `pinned::plan`).
+        let (plan, max_chunk, host_embedding) = match (plan, pinned) {
+            (Some(p), true) => {
+                let pinned_plan = pinned::plan(&ctx, &gguf, &weights, context_length, p, max_chunk);
+                (
+                    Some(pinned_plan.plan),
+                    pinned_plan.chunk,
+                    pinned_plan.embedding,
+                )
+            }
+            (plan, _) => (plan, max_chunk, None),
         };
         let expert_placement = if pinned {
             Placement::Host
@@ -244,11 +253,12 @@ impl GpuBackend {
             ..tiers.clone()
         };
         let c = &ctx;
-        let token_embd = upload(c, &weights.token_embd)?;
+        // One row read per token: in pinned mode it is read in place from host memory.
+        let token_embd = upload_placed(c, &weights.token_embd, expert_placement)?;
         let output = upload(c, &weights.output)?;
         let head_hc = upload_hc(c, &weights.head_hc)?;
         let mut layers = Vec::with_capacity(weights.layers.len());
-        for (lw, hot_set) in weights.layers.iter().zip(&hot_sets) {
+        for (layer, (lw, hot_set)) in weights.layers.iter().zip(&hot_sets).enumerate() {
             let ple = match &lw.ple {
                 Some(p) => Some(PleGpu {
                     key: upload(c, &p.key)?,
@@ -373,6 +383,7 @@ impl GpuBackend {
                 router: MultiProj::upload(c, m.router.name(), &router_groups)?,
                 experts,
                 shared,
+                layer,
             };
             layers.push(LayerGpu {
                 ple,
@@ -402,7 +413,9 @@ impl GpuBackend {
         }
         let rope_table = GpuBuf::from_f32(c, "rope table", &table)?;
         let dummy = GpuBuf::zeros(c, "dummy", 4)?;
-        let mut weight_bytes = token_embd.bytes() + output.bytes();
+        // In VRAM only: pinned, the embedding and the expert tensors are in host memory, and
+        // only the hot copies count.
+        let mut weight_bytes = output.bytes() + if pinned { 0 } else { token_embd.bytes() };
         let hc_bytes = |h: &HcGpu| h.down_inject.bytes() + h.up.bytes();
         weight_bytes += hc_bytes(&head_hc);
         for l in &layers {
@@ -411,7 +424,11 @@ impl GpuBackend {
                 + l.moe
                     .experts
                     .as_ref()
-                    .map_or(0, |e| e.gate_up.bytes() + e.down.bytes());
+                    .map_or(0, |e| match (&e.hot, pinned) {
+                        (_, false) => e.gate_up.bytes() + e.down.bytes(),
+                        (Some(hot), true) => hot.gate_up.bytes() + hot.down.bytes(),
+                        (None, true) => 0,
+                    });
         }
         let pinned_tier = if pinned {
             Some(pinned::PinnedExperts::new(
@@ -459,10 +476,17 @@ impl GpuBackend {
                     )
                 })?;
                 let hot: usize = hot_sets.iter().map(Vec::len).sum();
+                let embedding = match host_embedding {
+                    Some(bytes) => format!(
+                        " (the token embedding, {}, in pinned host memory)",
+                        format_size(bytes)
+                    ),
+                    None => ", the token embedding's rows read from pinned host memory".into(),
+                };
                 eprintln!(
-                    "memory plan: budget {}, dense weights {}, KV cache {} ({} tokens); all {} \
-                     experts in pinned host memory ({}), read in place by the GPU; {hot} hot \
-                     experts copied into VRAM ({})",
+                    "memory plan: budget {}, dense weights {}{embedding}, KV cache {} ({} tokens); \
+                     all {} experts in pinned host memory ({}), read in place by the GPU; {hot} \
+                     hot experts copied into VRAM ({})",
                     format_size(plan.vram_budget),
                     format_size(plan.dense_bytes),
                     format_size(plan.kv_bytes),

@@ -128,13 +128,17 @@ struct HotExperts {
 }
 
 /// One place the items of a layer's routed experts are computed from: a fused gate|up and a down
-/// tensor of `units` experts, and each item's unit in `ids` (`u32::MAX`: not from here).
+/// tensor of `units` experts, and each item's unit in `ids` (`u32::MAX`: not from here). Each
+/// source has its own gate|up output `gu` and item lists `groups` (grouped prefill), so the
+/// sources' gate|up dispatches write different buffers.
 #[derive(Clone, Copy)]
 struct ExpertSource<'a> {
     gate_up: &'a GpuWeight,
     down: &'a GpuWeight,
     ids: &'a GpuBuf,
     units: usize,
+    gu: &'a GpuBuf,
+    groups: &'a GpuBuf,
 }
 
 struct MoeGpu {
@@ -143,6 +147,8 @@ struct MoeGpu {
     /// `None` in tiered mode: the experts come through the backend's slot arenas.
     experts: Option<ResidentExperts>,
     shared: Option<SharedGpu>,
+    /// The layer's index (its own buffers in `Scratch::shared_gu_layers`).
+    layer: usize,
 }
 
 struct PleGpu {
@@ -405,6 +411,12 @@ struct Scratch {
     expert_weights: GpuBuf,
     /// Gate then up outputs of each (token, expert), side by side.
     expert_gu: GpuBuf,
+    /// Pinned with hot copies: [`Self::expert_gu`] of the items read from host memory, so the
+    /// hot and cold gate|up dispatches write different buffers (1 element otherwise). wgpu still
+    /// puts a barrier before each (see [`Self::shared_gu_layers`]): both outputs were used by
+    /// earlier layers of the pass, and each reads an id list `moe_split_ids` just wrote (one
+    /// barrier could cover both only if the two lists shared a buffer).
+    cold_gu: GpuBuf,
     expert_down: GpuBuf,
     expert_groups: GpuBuf,
     /// Grouped prefill from hot copies: the hot units' item lists.
@@ -414,6 +426,12 @@ struct Scratch {
     routing_log: GpuBuf,
     /// Gate then up outputs of the shared expert per token.
     shared_gu: GpuBuf,
+    /// [`Self::shared_gu`] of each layer, for a decode step or a short chunk (fewer tokens than
+    /// grouped prefill takes): a buffer no earlier dispatch of the pass used, so wgpu puts no
+    /// barrier before the shared gate|up and it runs beside the router mat-vec. (wgpu-core puts
+    /// one before every dispatch that writes a buffer an earlier dispatch of the same pass used,
+    /// and on Vulkan a barrier waits for every earlier dispatch.)
+    shared_gu_layers: Vec<GpuBuf>,
     shared_down: GpuBuf,
     shared_logit: GpuBuf,
     // PLE

@@ -3,7 +3,12 @@
 use super::*;
 
 impl GpuSequence {
-    /// The router: expert ids and weights of every token into `scratch.expert_ids/_weights`.
+    /// The router: expert ids and weights of every token into `scratch.expert_ids/_weights`;
+    /// with a shared expert, also its gate logit and its gate|up, recorded right after the router
+    /// mat-vec: both only read `x_in`, and for a decode step the gate|up writes its layer's own
+    /// buffer (`Scratch::shared_gu_layers`), so wgpu puts no barrier between them and they run
+    /// side by side. [`Self::moe_finish`] does the shared down projection later (every expert
+    /// path leaves the gate|up output and `x_in` as they are until then).
     pub(super) fn moe_route(
         &self,
         rec: &mut Recorder,
@@ -20,6 +25,9 @@ impl GpuSequence {
             outs.push(View::new(&s.shared_logit, 0, 1));
         }
         w.router.record(c, rec, x, &outs, t)?;
+        if let Some(sh) = &w.shared {
+            sh.gate_up.record(c, rec, x, &[shared_gu(s, w, sh, t)], t)?;
+        }
         ops::moe_router(
             c,
             rec,
@@ -39,10 +47,11 @@ impl GpuSequence {
     }
 
     /// Where layer `index`'s routed experts are computed from: the whole tensors, or — pinned,
-    /// with hot copies in VRAM — the hot units for the items whose expert has one and the host
-    /// tensors for the rest (split by `moe_split_ids`, which also logs the choices). Every item
-    /// comes from exactly one source, with the same kernel and the same bytes, so the bits never
-    /// depend on the split.
+    /// with hot copies in VRAM — the host tensors for the items whose expert has no hot unit and
+    /// the hot units for the rest (split by `moe_split_ids`, which also logs the choices), each
+    /// with its own gate|up output and item lists (the host source `scratch.cold_gu` and
+    /// `expert_groups`, the hot one `expert_gu` and `hot_groups`). Every item comes from exactly
+    /// one source, with the same kernel and the same bytes, so the bits never depend on the split.
     fn expert_sources<'a>(
         &'a self,
         rec: &mut Recorder,
@@ -53,14 +62,16 @@ impl GpuSequence {
         let b = &self.backend;
         let s = &self.scratch;
         let n_expert = b.config.moe.n_expert;
-        let whole = |ids| ExpertSource {
+        let whole = |ids, gu| ExpertSource {
             gate_up: &e.gate_up,
             down: &e.down,
             ids,
             units: n_expert,
+            gu,
+            groups: &s.expert_groups,
         };
         let Some(pinned) = &b.pinned else {
-            return Ok(vec![whole(&s.expert_ids)]);
+            return Ok(vec![whole(&s.expert_ids, &s.expert_gu)]);
         };
         let items = t * b.config.moe.n_expert_used;
         ops::moe_split_ids(
@@ -74,20 +85,24 @@ impl GpuSequence {
             items,
         )?;
         let Some(hot) = &e.hot else {
-            return Ok(vec![whole(&s.cold_ids)]);
+            return Ok(vec![whole(&s.cold_ids, &s.expert_gu)]);
         };
         let hot_source = ExpertSource {
             gate_up: &hot.gate_up,
             down: &hot.down,
             ids: &s.slot_ids,
             units: hot.experts.len(),
+            gu: &s.expert_gu,
+            groups: &s.hot_groups,
         };
-        Ok(vec![hot_source, whole(&s.cold_ids)])
+        // The host tensors first: their reads over the bus are the long dispatch, and the hot
+        // one, writing other buffers, is recorded right after it.
+        Ok(vec![whole(&s.cold_ids, &s.cold_gu), hot_source])
     }
 
     /// The routed experts of layer `index` for a decode step or a short chunk of `t` tokens, one
-    /// workgroup per (item, row block): gate|up with SwiGLU in the store (`scratch.expert_gu`),
-    /// then down into `scratch.expert_down`, from each source in turn.
+    /// workgroup per (item, row block): gate|up with SwiGLU in the store (each source's `gu`, the
+    /// sources' dispatches back to back), then down into `scratch.expert_down` from each source.
     pub(super) fn moe_experts_resident(
         &self,
         rec: &mut Recorder,
@@ -100,10 +115,9 @@ impl GpuSequence {
         let (h, k, f) = self.moe_dims();
         let items = t * k;
         let x = View::new(&s.x_in, 0, h);
-        let gu = View::new(&s.expert_gu, 0, 2 * f);
         let sources = self.expert_sources(rec, e, index, t)?;
         for src in &sources {
-            kernels::matvec_expert_glu(c, rec, src.gate_up, src.ids, k, x, gu, items)?;
+            kernels::matvec_expert_glu(c, rec, src.gate_up, src.ids, k, x, src.gu_view(f), items)?;
         }
         let y = View::new(&s.expert_down, 0, h);
         for src in &sources {
@@ -114,7 +128,7 @@ impl GpuSequence {
                 src.ids,
                 k,
                 true,
-                gu,
+                src.gu_view(f),
                 XForm::Plain,
                 y,
                 items,
@@ -163,7 +177,8 @@ impl GpuSequence {
 
     /// [`Self::moe_experts_resident`] for a prefill chunk of `t` tokens: the items grouped by
     /// expert first (per source), so each expert's weights are read once for all its tokens.
-    /// The same bits per item as the per-item kernels.
+    /// Each step runs for every source back to back (the sources write different buffers until
+    /// the down projections). The same bits per item as the per-item kernels.
     pub(super) fn moe_experts_grouped(
         &self,
         rec: &mut Recorder,
@@ -179,45 +194,49 @@ impl GpuSequence {
         let items = t * k;
         let sources = self.expert_sources(rec, e, index, t)?;
         let x = View::new(&s.x_in, 0, h);
-        let gu = View::new(&s.expert_gu, 0, 2 * f);
-        // The last source uses `expert_groups`, a hot source before it `hot_groups`.
-        let groups_of = |i: usize| {
-            if i + 1 == sources.len() {
-                &s.expert_groups
-            } else {
-                &s.hot_groups
-            }
-        };
-        for (i, src) in sources.iter().enumerate() {
-            let groups = groups_of(i);
-            ops::moe_group(c, rec, src.ids, groups, src.units, k, t)?;
+        for src in &sources {
+            ops::moe_group(c, rec, src.ids, src.groups, src.units, k, t)?;
+        }
+        for src in &sources {
             kernels::matvec_group(
                 c,
                 rec,
                 src.gate_up,
-                groups,
+                src.groups,
                 cap,
                 k,
                 false,
                 x,
                 XForm::Plain,
-                gu,
+                src.gu_view(f),
                 items,
             )?;
         }
+        // SwiGLU in place where it pays (else on the down projection's load): the same bits.
+        let mut swiglu = Vec::with_capacity(sources.len());
+        for src in &sources {
+            let xf = XForm::Swiglu { half: f };
+            swiglu.push(kernels::prepare_x(
+                c,
+                rec,
+                &e.down,
+                src.gu_view(f),
+                xf,
+                items,
+            )?);
+        }
         let y = View::new(&s.expert_down, 0, h);
-        let swiglu = kernels::prepare_x(c, rec, &e.down, gu, XForm::Swiglu { half: f }, items)?;
-        for (i, src) in sources.iter().enumerate() {
+        for (src, &xform) in sources.iter().zip(&swiglu) {
             kernels::matvec_group(
                 c,
                 rec,
                 src.down,
-                groups_of(i),
+                src.groups,
                 cap,
                 k,
                 true,
-                gu,
-                swiglu,
+                src.gu_view(f),
+                xform,
                 y,
                 items,
             )?;
@@ -225,10 +244,10 @@ impl GpuSequence {
         Ok(())
     }
 
-    /// Shared expert, and the weighted combine of the routed and shared outputs added into the
-    /// wide residual: in the store of the shared down projection when the adapter binds enough
-    /// buffers (one dispatch fewer per layer), else by `moe_combine_hc`; the same arithmetic, so
-    /// the same bits.
+    /// Shared expert (its down projection: [`Self::moe_route`] recorded the gate|up), and the
+    /// weighted combine of the routed and shared outputs added into the wide residual: in the
+    /// store of the shared down projection when the adapter binds enough buffers (one dispatch
+    /// fewer per layer), else by `moe_combine_hc`; the same arithmetic, so the same bits.
     pub(super) fn moe_finish(
         &self,
         rec: &mut Recorder,
@@ -241,12 +260,11 @@ impl GpuSequence {
         let cfg = &b.config;
         let h = cfg.n_embd;
         let k = cfg.moe.n_expert_used;
-        let x = View::new(&s.x_in, 0, h);
         let shared = match &w.shared {
             Some(sh) => {
                 let sf = sh.down.row_len;
-                let gu = View::new(&s.shared_gu, 0, 2 * sf);
-                sh.gate_up.record(c, rec, x, &[gu], t)?;
+                let gu = shared_gu(s, w, sh, t);
+                // A no-op for one token (decode); for a chunk, SwiGLU in place where that pays.
                 let swiglu =
                     kernels::prepare_x(c, rec, &sh.down, gu, XForm::Swiglu { half: sf }, t)?;
                 if sh.combine_in_store {
@@ -283,7 +301,8 @@ impl GpuSequence {
         )
     }
 
-    /// Tiered experts of layer `index`: submit what `rec` holds (the layer up to the router), read
+    /// Tiered experts of layer `index`: submit what `rec` holds (the layer up to the router and
+    /// the shared expert's gate|up, which `moe_finish` reads after the experts), read
     /// the chosen experts back, make them resident in slots (uploading misses) and submit the
     /// expert kernels on the slot arenas — per run of tokens whose experts fit the slots at once.
     /// `rec` comes back empty (its bind-group cache kept).
@@ -334,5 +353,24 @@ impl GpuSequence {
         }
         drop(state);
         c.check_errors().map_err(gpu_err)
+    }
+}
+
+/// The shared expert's gate|up output of `t` tokens of `w`'s layer: gate then up of each token,
+/// side by side, in the layer's own buffer when it holds them (a decode step; see
+/// `Scratch::shared_gu_layers`), else in the chunk's.
+fn shared_gu<'a>(s: &'a Scratch, w: &MoeGpu, sh: &SharedGpu, t: usize) -> View<'a> {
+    let width = 2 * sh.down.row_len;
+    let buf = match s.shared_gu_layers.get(w.layer) {
+        Some(own) if t * width <= own.len => own,
+        _ => &s.shared_gu,
+    };
+    View::new(buf, 0, width)
+}
+
+impl<'a> ExpertSource<'a> {
+    /// This source's gate|up output for routed expert width `f`: gate then up of each item.
+    fn gu_view(&self, f: usize) -> View<'a> {
+        View::new(self.gu, 0, 2 * f)
     }
 }

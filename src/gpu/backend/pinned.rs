@@ -264,6 +264,67 @@ pub(super) fn routed_expert_bytes(weights: &Weights) -> u64 {
         .sum()
 }
 
+/// The memory plan with pinned experts (see [`plan`]).
+pub(super) struct PinnedPlan {
+    pub plan: MemoryPlan,
+    /// Tokens per prefill chunk it was made for.
+    pub chunk: usize,
+    /// VRAM bytes of the token embedding that the plan no longer counts (`None`: it still does,
+    /// for a table tied to lm_head, whose VRAM copy its entry stands for, or where no plan with
+    /// it left out fits).
+    pub embedding: Option<u64>,
+}
+
+/// The name of the token embedding table in the file (and in the plan's dense tensors).
+const TOKEN_EMBD_TENSOR: &str = "token_embd.weight";
+
+/// The plan with pinned experts, given `plan` (made with every dense weight in VRAM, for
+/// prefill chunks of `chunk`). Pinned experts take no VRAM but their hot copies, so the chunk
+/// is planned as if every expert were resident: [`DEFAULT_MAX_CHUNK`] where it fits. The token
+/// embedding (one row read per token) is in host memory too: the plan is made for the budget
+/// plus the table's VRAM and the table then taken out of its dense weights, so the VRAM it would
+/// have taken goes to hot expert copies. (A tied embedding is also lm_head, which stays in VRAM:
+/// the plan keeps its entry.) Falls back to `plan` where no other fits.
+pub(super) fn plan(
+    ctx: &GpuContext,
+    gguf: &Gguf,
+    weights: &Weights,
+    context_length: usize,
+    plan: MemoryPlan,
+    chunk: usize,
+) -> PinnedPlan {
+    let tied = weights.output.name() == weights.token_embd.name();
+    let embedding = plan
+        .dense
+        .iter()
+        .find(|d| d.name == TOKEN_EMBD_TENSOR)
+        .map(|d| d.vram_bytes)
+        .filter(|_| !tied);
+    let freed = embedding.unwrap_or(0);
+    let budget = plan.vram_budget;
+    for c in [DEFAULT_MAX_CHUNK, chunk] {
+        let Ok(mut p) = plan_for_budget(ctx, gguf, context_length, c, budget.saturating_add(freed))
+        else {
+            continue;
+        };
+        p.vram_budget = budget;
+        if embedding.is_some() {
+            p.dense.retain(|d| d.name != TOKEN_EMBD_TENSOR);
+            p.dense_bytes = p.dense_bytes.saturating_sub(freed);
+        }
+        return PinnedPlan {
+            plan: p,
+            chunk: c,
+            embedding,
+        };
+    }
+    PinnedPlan {
+        plan,
+        chunk,
+        embedding: None,
+    }
+}
+
 /// Which experts of each layer get a VRAM copy beside the pinned tensors: the `expert_slots` the
 /// plan leaves room for, the most used of `--expert-profile` when the file exists, else the same
 /// share of every layer.

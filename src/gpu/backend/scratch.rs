@@ -112,6 +112,8 @@ impl Scratch {
         let qg = a.n_head * 2 * a.head_dim;
         let k = m.n_expert_used;
         let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
+        // Tokens of the layers' own shared gate|up buffers: a decode step or a short chunk.
+        let decode_t = t.min(GROUPED_MIN_TOKENS - 1);
         Ok(Scratch {
             ids: z("ids", t)?,
             wide: z("wide", t * wide)?,
@@ -141,6 +143,14 @@ impl Scratch {
             cold_ids: z("expert host ids", t * k)?,
             expert_weights: z("expert weights", t * k)?,
             expert_gu: z("expert gate up", t * k * 2 * m.expert_ff)?,
+            cold_gu: z(
+                "cold expert gate up",
+                if b.pinned.as_ref().is_some_and(|p| p.hot_experts() > 0) {
+                    t * k * 2 * m.expert_ff
+                } else {
+                    1
+                },
+            )?,
             expert_down: z("expert down", t * k * h)?,
             expert_groups: z("expert groups", ops::group_len(m.n_expert, t))?,
             hot_groups: z("hot expert groups", ops::group_len(m.n_expert, t))?,
@@ -153,6 +163,14 @@ impl Scratch {
                 },
             )?,
             shared_gu: z("shared gate up", t * 2 * m.shared_ff)?,
+            shared_gu_layers: b
+                .layers
+                .iter()
+                .map(|l| {
+                    let sf = l.moe.shared.as_ref().map_or(0, |sh| sh.down.row_len);
+                    z("layer shared gate up", decode_t * 2 * sf)
+                })
+                .collect::<Result<_, _>>()?,
             shared_down: z("shared down", t * h)?,
             shared_logit: z("shared logit", t)?,
             ple_embedding: z("ple embedding", t * ple_dim)?,
