@@ -57,9 +57,16 @@ impl GpuSequence {
             (Some(e), _) if t >= GROUPED_MIN_TOKENS => self
                 .moe_experts_grouped(rec, e, index, t)
                 .map_err(gpu_err)?,
-            (Some(e), _) => self
-                .moe_experts_resident(rec, e, index, t)
-                .map_err(gpu_err)?,
+            (Some(e), _) => {
+                if self
+                    .moe_resident_block(rec, &layer.moe, e, t)
+                    .map_err(gpu_err)?
+                {
+                    return Ok(());
+                }
+                self.moe_experts_resident(rec, e, index, t)
+                    .map_err(gpu_err)?
+            }
             (None, Some(tier)) => self.tiered_experts(rec, tier, index, t)?,
             (None, None) => {
                 return Err(gpu_err(GpuError::BadArgs(format!(

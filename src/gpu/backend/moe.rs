@@ -137,6 +137,55 @@ impl GpuSequence {
         Ok(())
     }
 
+    /// Decode and short chunks with every expert resident in one tensor: the routed experts'
+    /// gate|up, the shared expert's down rows beside it (into `scratch.shared_down`), then the
+    /// routed down projections finishing the block in one dispatch
+    /// (`kernels::matvec_expert_combine`: the arithmetic of the expert kernel followed by the
+    /// combine in the shared down's store, so the same bits). Returns false, recording nothing,
+    /// where that does not apply (pinned sources, no shared expert, several parts); the caller
+    /// then takes [`Self::moe_experts_resident`] and [`Self::moe_finish`].
+    pub(super) fn moe_resident_block(
+        &self,
+        rec: &mut Recorder,
+        w: &MoeGpu,
+        e: &ResidentExperts,
+        t: usize,
+    ) -> Result<bool, GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let (h, k, f) = self.moe_dims();
+        let Some(sh) = &w.shared else {
+            return Ok(false);
+        };
+        if b.pinned.is_some() || !sh.combine_in_store || !kernels::can_expert_combine(c, &e.down, k)
+        {
+            return Ok(false);
+        }
+        let items = t * k;
+        let gu = View::new(&s.expert_gu, 0, 2 * f);
+        let x = View::new(&s.x_in, 0, h);
+        kernels::matvec_expert_glu(c, rec, &e.gate_up, &s.expert_ids, k, x, gu, items)?;
+        let sf = sh.down.row_len;
+        let sgu = shared_gu(s, w, sh, t);
+        let swiglu = kernels::prepare_x(c, rec, &sh.down, sgu, XForm::Swiglu { half: sf }, t)?;
+        let rows = Store::Rows(View::new(&s.shared_down, 0, h));
+        kernels::matvec_with(c, rec, &sh.down, sgu, swiglu, rows, t)?;
+        let combine = kernels::ExpertCombine {
+            ids: &s.expert_ids,
+            slots: k,
+            x: gu,
+            shared: &s.shared_down,
+            weights: &s.expert_weights,
+            logit: &s.shared_logit,
+            wide: &s.wide,
+            inject: &s.inject,
+            hc: b.config.hc_count,
+        };
+        kernels::matvec_expert_combine(c, rec, &e.down, combine, t)?;
+        Ok(true)
+    }
+
     /// The routed experts of the chunk's tokens `tokens` from the tiered slot arenas: `ids` holds
     /// their `k` slot indices per token from index 0. Gate and up land side by side in
     /// `scratch.expert_gu` (from 0, reused per sub-batch); the down projection reads them as
