@@ -12,6 +12,24 @@
 // of vec4 l, l + WG, ... of the vector in order (components x, y, z, w), each into its group's
 // sum; `subgroupAdd` combines each subgroup; the subgroups' sums are added in subgroup order.
 
+// The norm weight (AUX's buffer, bound again) read 4 values at a time.
+@group(0) @binding(15) var<storage, read> AUX4: array<vec4<f32>>;
+
+// The group of value `i` of a vector whose groups are `n` values long: i / n for the at most 4
+// groups of a vector, by comparisons (an integer division costs tens of instructions per value).
+fn group_of(i: u32, n: u32) -> u32 {
+    return u32(i >= n) + u32(i >= 2u * n) + u32(i >= 3u * n);
+}
+
+// Where value `i` (a multiple of 4) of a vector finds its norm weight: i % p.norm_period, without
+// the division where the period covers the whole vector (the hyper-connection norms).
+fn weight_at(i: u32) -> u32 {
+    if (i < p.norm_period) {
+        return i;
+    }
+    return i % p.norm_period;
+}
+
 // Group sums of each tile vector per subgroup: [vector * 64 + subgroup] (at most 64 subgroups).
 var<workgroup> NORM_PART: array<vec4<f32>, 256>;
 // 1 / rms of each tile vector's groups (component = group).
@@ -39,34 +57,34 @@ fn norm_sums(xb4: u32, lid: u32) -> vec4<f32> {
         let f = X[xb4 + v + 5u * WG];
         let g = X[xb4 + v + 6u * WG];
         let h = X[xb4 + v + 7u * WG];
-        acc = add_sq(acc, a, v / n4);
-        acc = add_sq(acc, b, (v + WG) / n4);
-        acc = add_sq(acc, c, (v + 2u * WG) / n4);
-        acc = add_sq(acc, d, (v + 3u * WG) / n4);
-        acc = add_sq(acc, e, (v + 4u * WG) / n4);
-        acc = add_sq(acc, f, (v + 5u * WG) / n4);
-        acc = add_sq(acc, g, (v + 6u * WG) / n4);
-        acc = add_sq(acc, h, (v + 7u * WG) / n4);
+        acc = add_sq(acc, a, group_of(v, n4));
+        acc = add_sq(acc, b, group_of(v + WG, n4));
+        acc = add_sq(acc, c, group_of(v + 2u * WG, n4));
+        acc = add_sq(acc, d, group_of(v + 3u * WG, n4));
+        acc = add_sq(acc, e, group_of(v + 4u * WG, n4));
+        acc = add_sq(acc, f, group_of(v + 5u * WG, n4));
+        acc = add_sq(acc, g, group_of(v + 6u * WG, n4));
+        acc = add_sq(acc, h, group_of(v + 7u * WG, n4));
     }
     for (; v + 3u * WG < k4; v += 4u * WG) {
         let a = X[xb4 + v];
         let b = X[xb4 + v + WG];
         let c = X[xb4 + v + 2u * WG];
         let d = X[xb4 + v + 3u * WG];
-        acc = add_sq(acc, a, v / n4);
-        acc = add_sq(acc, b, (v + WG) / n4);
-        acc = add_sq(acc, c, (v + 2u * WG) / n4);
-        acc = add_sq(acc, d, (v + 3u * WG) / n4);
+        acc = add_sq(acc, a, group_of(v, n4));
+        acc = add_sq(acc, b, group_of(v + WG, n4));
+        acc = add_sq(acc, c, group_of(v + 2u * WG, n4));
+        acc = add_sq(acc, d, group_of(v + 3u * WG, n4));
     }
     for (; v < k4; v += WG) {
-        acc = add_sq(acc, X[xb4 + v], v / n4);
+        acc = add_sq(acc, X[xb4 + v], group_of(v, n4));
     }
     return acc;
 }
 
 // x[4w' ..] normed: (x * inv) * weight, the weight from value `w` of AUX.
 fn norm4(x: vec4<f32>, inv: f32, w: u32) -> vec4<f32> {
-    return x * inv * vec4<f32>(AUX[w], AUX[w + 1u], AUX[w + 2u], AUX[w + 3u]);
+    return x * inv * AUX4[w >> 2u];
 }
 
 // The tile's inverse norms into NORM_INV, and this workgroup's slice (of the grid row's n_wg) of
@@ -97,7 +115,7 @@ fn norm_prologue(tile: Tile, wg_x: u32, n_wg: u32, lid: u32, lane: u32, sg_id: u
         let xb4 = (tile.x_base + XS[j]) >> 2u;
         let out = (tile.first_item + j) * p.y2_stride + p.y2_offset;
         for (var v = wg_x * slice + lid; v < end; v += WG) {
-            let y = norm4(X[xb4 + v], comp(NORM_INV[j], v / n4), (4u * v) % p.norm_period);
+            let y = norm4(X[xb4 + v], comp(NORM_INV[j], group_of(v, n4)), weight_at(4u * v));
             Y2[out + 4u * v] = y.x;
             Y2[out + 4u * v + 1u] = y.y;
             Y2[out + 4u * v + 2u] = y.z;
@@ -109,8 +127,8 @@ fn norm_prologue(tile: Tile, wg_x: u32, n_wg: u32, lid: u32, lane: u32, sg_id: u
 // A 16-value segment of tile vector j from row position `pos` (a multiple of 16; groups and the
 // weight period are multiples of 16, so a segment lies in one group and one weight run), normed.
 fn norm_seg(s: Seg, pos: u32, j: u32) -> Seg {
-    let inv = comp(NORM_INV[j], pos / p.h);
-    let w = pos % p.norm_period;
+    let inv = comp(NORM_INV[j], group_of(pos, p.h));
+    let w = weight_at(pos);
     return Seg(norm4(s.v0, inv, w), norm4(s.v1, inv, w + 4u), norm4(s.v2, inv, w + 8u),
                norm4(s.v3, inv, w + 12u));
 }

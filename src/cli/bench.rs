@@ -135,6 +135,23 @@ fn dispatch_gpu_ns(ctx: &GpuContext, rec: &Recorder) -> anyhow::Result<Option<Ve
     ))
 }
 
+/// Dispatches in one timed pass of the synthetic mat-vec bench.
+const MATVEC_PASS: usize = 128;
+
+/// Keep the GPU busy with `rec` for about 0.3 s, several submissions queued at a time: after the
+/// host spent seconds writing random blocks the clocks are down (the H200 idles at 345 MHz and
+/// runs at 1,980), and a pass timed before they ramp up measures the ramp, not the kernel.
+fn warm_up(ctx: &GpuContext, rec: &Recorder) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < 0.3 {
+        for _ in 0..4 {
+            rec.submit(ctx);
+        }
+        ctx.wait()?;
+    }
+    Ok(())
+}
+
 /// Host seconds of the fastest of `runs` submit + wait round trips of `rec`.
 fn best_wall_seconds(ctx: &GpuContext, rec: &Recorder, runs: usize) -> anyhow::Result<f64> {
     let mut best = f64::INFINITY;
@@ -476,28 +493,29 @@ fn time_matvec(
     // Experts spread over the tensor, as a router would pick them.
     let ids: Vec<u32> = (0..k).map(|i| (i * 37 % MATVEC_EXPERTS) as u32).collect();
     let ids = GpuBuf::from_u32(ctx, "ids", &ids)?;
+    // The copies in turn, repeated to at least MATVEC_PASS dispatches: one pass keeps the GPU
+    // busy for a while, so its clocks stay up while it is timed.
     let mut rec = Recorder::new();
-    for w in &weights {
+    let rounds = MATVEC_PASS.div_ceil(copies);
+    for w in weights.iter().cycle().take(rounds * copies) {
         let (xv, yv) = (View::new(&x, 0, cols), View::new(&y, 0, rows));
         match experts {
             Some(k) => kernels::matvec_expert(ctx, &mut rec, w, &ids, k, false, xv, yv, k)?,
             None => kernels::matvec(ctx, &mut rec, w, xv, yv, 1)?,
         }
     }
-    // Keep the GPU busy for a while first: after the host spent seconds writing random blocks the
-    // clocks are down, and a sub-millisecond pass would time the ramp, not the kernel.
-    let warm = Instant::now();
-    while warm.elapsed().as_secs_f64() < 0.3 {
-        rec.run(ctx)?;
-    }
+    warm_up(ctx, &rec)?;
+    // The median dispatch of the pass (robust to a clock change inside it), best of 3 passes.
     let mut gpu_seconds: Option<f64> = None;
-    for _ in 0..5 {
-        if let Some(ns) = dispatch_gpu_ns(ctx, &rec)? {
-            let per = ns.iter().sum::<f64>() * 1e-9 / copies as f64;
+    for _ in 0..3 {
+        if let Some(mut ns) = dispatch_gpu_ns(ctx, &rec)? {
+            ns.sort_by(f64::total_cmp);
+            let per = ns[ns.len() / 2] * 1e-9;
             gpu_seconds = Some(gpu_seconds.map_or(per, |best| best.min(per)));
         }
     }
-    let wall = (best_wall_seconds(ctx, &rec, 3)? - overhead).max(1e-9) / copies as f64;
+    let dispatches = (rounds * copies) as f64;
+    let wall = (best_wall_seconds(ctx, &rec, 3)? - overhead).max(1e-9) / dispatches;
     let weight_bytes = rows * k * (cols / ty.block_size()) * ty.type_size();
     let bytes_moved = weight_bytes + 4 * (rows * k + cols);
     let gbps = bytes_moved as f64 / gpu_seconds.unwrap_or(wall) / 1e9;

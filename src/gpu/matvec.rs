@@ -312,7 +312,7 @@ fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
         std::env::var("STRATA_MATVEC_KSPLIT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
-            .filter(|n| [1, 2, 4].contains(n))
+            .filter(|n| [1, 2, 4, 8].contains(n))
     });
     let want = match (w.n_rows, w.row_len) {
         _ if tuned.is_some() => tuned.unwrap_or(1),
@@ -487,7 +487,7 @@ pub fn matvec_with(
                         SegFusion::Norm(n) => {
                             norm_params(w, &mut params, xform, first, n, items)?;
                             b.push((7, &*n.normed.buf.buffer));
-                            b.push((8, &*n.weight.buffer));
+                            b.push((15, &*n.weight.buffer));
                         }
                         SegFusion::Conv(conv) => {
                             conv_checks(w, x, silu0, first, conv, items)?;
