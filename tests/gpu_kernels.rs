@@ -309,6 +309,7 @@ fn all_op_shaders_build() {
                 "moe_combine_hc",
             ],
         ),
+        ("topk", &["topk_slices", "topk_merge"]),
     ];
     let mut failures = Vec::new();
     for (shader, names) in entries {
@@ -1585,4 +1586,67 @@ fn argmax_matches_cpu_with_ties_and_flags_nan() {
     );
     assert_eq!((got[4], got[5]), (0, 0), "row 2: all equal");
     assert_eq!(got[7], 1, "row 3: the NaN is flagged");
+}
+
+/// The sampling candidates found on the GPU (`strata::gpu::topk`): the first 64 tokens in the
+/// sampler's candidate order, exactly `sampler::top_candidates` of the row, for rows of one
+/// slice, of several merge rounds and of the real vocabulary (three passes), with ties, signed
+/// zeros and rows shorter than the list; a non-finite value reports its smallest id.
+#[test]
+fn top_candidates_on_the_gpu_equal_the_sampler_order() {
+    use strata::gpu::topk;
+    let Some(ctx) = context() else { return };
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for (n, levels) in [
+        (1, 4),
+        (40, 3),
+        (1024, 7),
+        (1025, 1000),
+        (31_000, 50),
+        (248_320, 4000),
+    ] {
+        let row: Vec<f32> = (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                match state % 13 {
+                    0 => -0.0,
+                    1 => 0.0,
+                    _ => ((state >> 24) % levels) as f32 * 0.25 - levels as f32 / 8.0,
+                }
+            })
+            .collect();
+        let got = run_topk(&ctx, &row).unwrap_or_else(|bad| panic!("n {n}: bad id {bad}"));
+        let want = strata::sampler::top_candidates(&row, topk::TOP_CANDIDATES);
+        assert_eq!(got.len(), want.len(), "n {n}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                (g.0, g.1.to_bits()),
+                (w.0, w.1.to_bits()),
+                "n {n}, candidate {i}"
+            );
+        }
+    }
+    let mut row = random_vec(5000, 7);
+    row[4321] = f32::INFINITY;
+    row[1234] = f32::NAN;
+    assert_eq!(
+        run_topk(&ctx, &row),
+        Err(1234),
+        "the smallest non-finite id"
+    );
+}
+
+fn run_topk(ctx: &GpuContext, row: &[f32]) -> Result<Vec<(u32, f32)>, u32> {
+    use strata::gpu::topk;
+    let words = topk::scratch_words(row.len());
+    let x = upload(ctx, row);
+    let a = GpuBuf::zeros(ctx, "lists a", words).expect("a");
+    let b = GpuBuf::zeros(ctx, "lists b", words).expect("b");
+    let mut rec = Recorder::new();
+    let list = topk::record(ctx, &mut rec, &x, row.len(), &a, &b).expect("record");
+    rec.run(ctx).expect("run");
+    let got = list.read_u32(ctx, 0, topk::LIST_WORDS).expect("read");
+    topk::decode(&got, row.len())
 }

@@ -205,6 +205,56 @@ fn greedy_on_gpu_matches_logits_argmax() {
     }
 }
 
+/// Sampled decoding from the GPU's candidates (`Sequence::feed_top`: about half a kilobyte read
+/// back, the row never leaves the GPU) gives the tokens that sampling from the whole logits row
+/// gives, over a 24-token continuation at the default settings (top-k 20, top-p 0.95,
+/// temperature 0.6) and at top-k 64 with min-p.
+#[test]
+fn sampling_from_gpu_candidates_matches_the_logits_row() {
+    use strata::sampler::{Sampler, SamplingParams};
+    let Some(ctx) = context() else { return };
+    let backend = load(&ctx, "IQ3_S");
+    let ids = prompt_ids("p7");
+    for params in [
+        SamplingParams {
+            seed: Some(11),
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            seed: Some(12),
+            temperature: 1.5,
+            top_k: 64,
+            top_p: 1.0,
+            min_p: 0.02,
+            ..SamplingParams::default()
+        },
+    ] {
+        let mut on_gpu = Arc::clone(&backend).new_sequence().expect("sequence");
+        let mut reference = Arc::clone(&backend).new_sequence().expect("sequence");
+        let mut fast = Sampler::new(&params, &ids).expect("sampler");
+        let mut slow = Sampler::new(&params, &ids).expect("sampler");
+        let k = fast
+            .top_only()
+            .expect("these settings sample from the first candidates");
+        let mut logits = reference.feed(&ids, false).expect("prefill");
+        let mut next = slow.sample(&logits, ids.len()).expect("first token");
+        assert_eq!(fast.sample(&logits, ids.len()).expect("first token"), next);
+        on_gpu.feed(&ids, false).expect("prefill");
+        for step in 1..24 {
+            let position = ids.len() + step;
+            let top = on_gpu.feed_top(&[next], k).expect("candidates");
+            assert_eq!(top.len(), k, "step {step}");
+            logits = reference.feed(&[next], false).expect("decode");
+            let want = slow.sample(&logits, position).expect("sample");
+            let got = fast
+                .sample_top(&top, position)
+                .expect("sample from candidates");
+            assert_eq!(got, want, "step {step}");
+            next = want;
+        }
+    }
+}
+
 /// The stage-checking diagnostic mode (one submission per layer, residual read back and checked)
 /// computes the same bits as the one-pass path.
 #[test]

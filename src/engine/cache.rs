@@ -1,5 +1,6 @@
 //! The prompt cache: sequences kept after requests (at the chat checkpoint, after the prompt, at
-//! the end of generation), each with the logits of its last fed token. A new prompt that starts
+//! the end of generation), each with the logits of its last fed token (none when that token's
+//! pass returned only sampling candidates: such an entry is reused only by longer prompts). A new prompt that starts
 //! with one entry's tokens continues from a fork of it instead of recomputing them.
 //!
 //! Several entries are kept (least recently used evicted first), so concurrent conversations do
@@ -84,7 +85,10 @@ impl PromptCache {
             .enumerate()
             .filter(|(_, e)| {
                 let t = e.sequence.tokens();
-                !t.is_empty() && prompt.starts_with(t)
+                // An entry without logits (its last pass returned only sampling candidates) can
+                // only be extended: a prompt ending where it ends needs its last row.
+                let usable = t.len() < prompt.len() || !e.last_logits.is_empty();
+                !t.is_empty() && prompt.starts_with(t) && usable
             })
             .max_by_key(|(_, e)| e.sequence.tokens().len())
             .map(|(i, _)| i)?;

@@ -219,8 +219,8 @@ impl Generator {
             match generation.advance(cancelled, &mut self.cache, on_event)? {
                 Next::Finished(output) => return Ok(output),
                 Next::Feed => {
-                    let logits = generation.feed_alone();
-                    generation.absorb(logits, &mut self.cache, on_event)?;
+                    let fed = generation.feed_alone();
+                    generation.absorb(fed, &mut self.cache, on_event)?;
                 }
             }
         }

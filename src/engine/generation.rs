@@ -16,7 +16,7 @@ use super::generate::{
     FinishReason, GenEvent, GenOutput, GenerateError, GenerateRequest, StopStringFilter,
     TokenDecoder, Usage,
 };
-use super::{Backend, EngineError, FeedItem, Sequence};
+use super::{Backend, EngineError, Fed, FeedItem, Sequence};
 use crate::sampler::Sampler;
 use crate::sampler::logprobs::{TokenLogprobs, logprobs};
 
@@ -51,8 +51,11 @@ pub struct Generation<D: TokenDecoder> {
     decoder: D,
     sampler: Sampler,
     sequence: Option<Box<dyn Sequence>>,
-    /// Logits of the last fed token.
+    /// Logits of the last fed token (empty after a top-only pass).
     logits: Vec<f32>,
+    /// The first candidates of the last fed token, after a top-only pass (see
+    /// [`Generation::feed_item`]).
+    top: Option<Vec<(u32, f32)>>,
     vocab: usize,
     /// Prompt tokens fed so far (cached ones included).
     fed: usize,
@@ -108,6 +111,7 @@ impl<D: TokenDecoder> Generation<D> {
             sampler,
             sequence: Some(sequence),
             logits,
+            top: None,
             vocab: backend.info().vocab_size,
             fed: cached_tokens,
             cached_tokens,
@@ -156,31 +160,54 @@ impl<D: TokenDecoder> Generation<D> {
         self.decode_one(cache, on_event)
     }
 
-    /// The sequence and the tokens to feed for the pass [`Generation::advance`] asked for.
+    /// The sequence and the tokens to feed for the pass [`Generation::advance`] asked for. A
+    /// decode step whose sampler needs only the first candidates (`Sampler::top_only`; no
+    /// log-probabilities, no output constraint) asks for just those: on the GPU the logits row
+    /// then stays there. Prompt chunks always return the row (the prompt cache keeps it).
     pub fn feed_item(&mut self) -> Option<FeedItem<'_>> {
+        let top = self.top_wanted();
         let sequence = self.sequence.as_deref_mut()?;
         Some(FeedItem {
             sequence,
             tokens: &self.pending,
+            top,
         })
     }
 
+    /// Candidates a top-only pass returns for the next sample (0: the whole row).
+    fn top_wanted(&self) -> usize {
+        let plain = self.options.logprobs.is_none() && self.options.constraint.is_none();
+        match self.sampler.top_only() {
+            Some(k) if plain && self.prefill_time.is_some() => k,
+            _ => 0,
+        }
+    }
+
     /// Feed the pending tokens directly (no batching).
-    pub fn feed_alone(&mut self) -> Result<Vec<f32>, EngineError> {
-        match self.sequence.as_deref_mut() {
-            Some(sequence) => sequence.feed(&self.pending, false),
+    pub fn feed_alone(&mut self) -> Result<Fed, EngineError> {
+        match self.feed_item() {
+            Some(mut item) => item.feed(),
             None => Err(no_sequence()),
         }
     }
 
-    /// Take the logits of the pass asked for.
+    /// Take the result of the pass asked for.
     pub fn absorb(
         &mut self,
-        logits: Result<Vec<f32>, EngineError>,
+        fed: Result<Fed, EngineError>,
         cache: &mut PromptCache,
         on_event: &mut dyn FnMut(GenEvent),
     ) -> Result<(), GenerateError> {
-        self.logits = logits?;
+        match fed? {
+            Fed::Row(logits) => {
+                self.logits = logits;
+                self.top = None;
+            }
+            Fed::Top(top) => {
+                self.logits = Vec::new();
+                self.top = Some(top);
+            }
+        }
         if self.prefill_time.is_some() {
             return Ok(());
         }
@@ -248,9 +275,12 @@ impl<D: TokenDecoder> Generation<D> {
             Some(c) => Some(c.allowed(self.vocab).map_err(EngineError::Other)?),
             None => None,
         };
-        let token = self
-            .sampler
-            .sample_masked(&self.logits, position, mask.as_deref())?;
+        let token = match &self.top {
+            Some(top) => self.sampler.sample_top(top, position)?,
+            None => self
+                .sampler
+                .sample_masked(&self.logits, position, mask.as_deref())?,
+        };
         if self.request.stop_ids.contains(&token) {
             // Not consumed by the constraint: a complete grammar has stopped and takes no more.
             return Ok(Next::Finished(self.finish(

@@ -51,11 +51,8 @@ pub trait Backend: Send + Sync {
     /// fed token's row). The default feeds them one after another; a backend that can batch
     /// several sequences into one GPU pass overrides this. Results are in `batch` order, and each
     /// must equal what `feed` alone would return (the contract above).
-    fn feed_many(&self, batch: &mut [FeedItem<'_>]) -> Vec<Result<Vec<f32>, EngineError>> {
-        batch
-            .iter_mut()
-            .map(|item| item.sequence.feed(item.tokens, false))
-            .collect()
+    fn feed_many(&self, batch: &mut [FeedItem<'_>]) -> Vec<Result<Fed, EngineError>> {
+        batch.iter_mut().map(FeedItem::feed).collect()
     }
 }
 
@@ -63,6 +60,29 @@ pub trait Backend: Send + Sync {
 pub struct FeedItem<'a> {
     pub sequence: &'a mut dyn Sequence,
     pub tokens: &'a [u32],
+    /// 0: the last fed token's whole logits row; k > 0: only its first `k` candidates
+    /// ([`Sequence::feed_top`]).
+    pub top: usize,
+}
+
+impl FeedItem<'_> {
+    /// This item's pass on its own.
+    pub fn feed(&mut self) -> Result<Fed, EngineError> {
+        if self.top > 0 {
+            self.sequence.feed_top(self.tokens, self.top).map(Fed::Top)
+        } else {
+            self.sequence.feed(self.tokens, false).map(Fed::Row)
+        }
+    }
+}
+
+/// What a pass hands back for its last fed token.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fed {
+    /// The whole logits row (`[vocab]`).
+    Row(Vec<f32>),
+    /// The first candidates in sampling order, as (id, logit) ([`Sequence::feed_top`]).
+    Top(Vec<(u32, f32)>),
 }
 
 pub trait Sequence: Send {
@@ -72,6 +92,14 @@ pub trait Sequence: Send {
     /// when `all_logits`, else `[1, vocab]` for the last fed token. Every row is checked for
     /// non-finite values. On error the sequence is left unusable (callers drop it).
     fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>, EngineError>;
+    /// Feed `tokens` and return only the first `k` tokens of the last row in sampling order (logit
+    /// descending, id ascending: `crate::sampler::top_candidates` of the row) as (id, logit), the
+    /// whole row still checked for non-finite values. A backend that finds them where the logits
+    /// are (the GPU) overrides this, so the row never crosses to the host.
+    fn feed_top(&mut self, tokens: &[u32], k: usize) -> Result<Vec<(u32, f32)>, EngineError> {
+        let logits = self.feed(tokens, false)?;
+        Ok(crate::sampler::top_candidates(&logits, k))
+    }
     /// A deep copy of the state (used by the prompt cache). Backends that cannot copy return None.
     fn fork(&self) -> Option<Box<dyn Sequence>>;
     /// Bytes of memory this sequence holds (VRAM for a GPU sequence, host RAM for a CPU one):

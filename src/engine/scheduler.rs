@@ -254,8 +254,8 @@ impl EngineLoop {
             .collect();
         let results = self.backend.feed_many(&mut batch);
         drop(batch);
-        for (a, logits) in feeding.into_iter().zip(results) {
-            if let Err(e) = a.generation.absorb(logits, cache, &mut *a.on_event) {
+        for (a, fed) in feeding.into_iter().zip(results) {
+            if let Err(e) = a.generation.absorb(fed, cache, &mut *a.on_event) {
                 a.result = Some(Err(e));
             }
         }

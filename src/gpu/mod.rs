@@ -1,6 +1,6 @@
 //! The wgpu backend (Vulkan, Metal or DX12): device and adapter handling (`device`), tensors split to fit the
 //! binding limits (`buffers`), the pipeline cache (`pipelines`), WGSL assembly (`shaders`), typed
-//! kernel launchers (`kernels`) and the whole model on the GPU (`backend`).
+//! kernel launchers (`kernels`), the sampling candidates (`topk`) and the whole model on the GPU (`backend`).
 //!
 //! Every kernel has a fixed reduction order that does not depend on how many tokens a dispatch
 //! covers, so prefill in any chunk size gives the same bits as token-by-token decode.
@@ -18,6 +18,7 @@ pub mod pipelines;
 pub mod proj;
 pub mod shaders;
 pub mod tiered;
+pub mod topk;
 
 pub use device::{AdapterSummary, GpuContext, list_adapters};
 

@@ -113,6 +113,7 @@ fn op_source(op: &str) -> Option<&'static str> {
         "moe" => include_str!("../../shaders/moe.wgsl"),
         "read" => include_str!("../../shaders/read.wgsl"),
         "argmax" => include_str!("../../shaders/argmax.wgsl"),
+        "topk" => include_str!("../../shaders/topk.wgsl"),
         _ => return None,
     })
 }

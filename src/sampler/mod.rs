@@ -161,6 +161,15 @@ impl SamplingParams {
     }
 }
 
+/// Most candidates a top-only pass hands the sampler (see [`Sampler::top_only`]; the GPU's list).
+pub const MAX_TOP_CANDIDATES: usize = 64;
+
+/// The first `k` tokens of `row` in candidate order (step 3: logit descending, id ascending), as
+/// (id, logit), skipping `-inf`: what a top-only pass returns for a row.
+pub fn top_candidates(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    select::first_candidates(row, k)
+}
+
 /// splitmix64's output function (Steele, Lea, Flood 2014).
 pub fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -260,6 +269,45 @@ impl Sampler {
         Ok(token)
     }
 
+    /// `Some(k)` when the token depends only on the first `k` candidates of the raw logits row,
+    /// `k` at most [`MAX_TOP_CANDIDATES`]: sampling (not greedy) with a top-k cut and no penalty.
+    /// A backend may then return just those candidates (`Sequence::feed_top`, found on the GPU),
+    /// and [`Sampler::sample_top`] picks the token [`Sampler::sample`] would pick from the row.
+    pub fn top_only(&self) -> Option<usize> {
+        let p = &self.params;
+        let no_penalty =
+            p.repetition_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
+        let k = p.top_k;
+        (!p.is_greedy() && no_penalty && (1..=MAX_TOP_CANDIDATES).contains(&k)).then_some(k)
+    }
+
+    /// Like [`Sampler::sample`], from the first candidates of the row in candidate order (at least
+    /// the `k` of [`Sampler::top_only`], or every live token when the row has fewer), and record
+    /// it: the same steps on the same values, so the same token.
+    pub fn sample_top(&mut self, top: &[(u32, f32)], position: usize) -> Result<u32, SamplerError> {
+        let Some(k) = self.top_only() else {
+            return Err(SamplerError::InvalidParam(format!(
+                "sampling from the first candidates needs a top-k cut of 1 to \
+                 {MAX_TOP_CANDIDATES} and no penalty"
+            )));
+        };
+        if top.is_empty() {
+            return Err(SamplerError::EmptyLogits);
+        }
+        if let Some(&(token, value)) = top.iter().find(|c| !c.1.is_finite()) {
+            return Err(SamplerError::NonFiniteLogit {
+                token,
+                value,
+                position,
+            });
+        }
+        let inv_temperature = 1.0 / self.params.temperature as f64;
+        let kept = self.kept(&top[..k.min(top.len())], inv_temperature);
+        let token = draw(&kept, uniform(self.seed, position as u64));
+        self.accept(token);
+        Ok(token)
+    }
+
     /// Pick without recording.
     pub fn pick(&self, logits: &[f32], position: usize) -> Result<u32, SamplerError> {
         self.pick_masked(logits, position, None)
@@ -327,18 +375,17 @@ impl Sampler {
     /// distribution needs a few dozen sorted tokens, a flat one the whole vocabulary.
     fn candidates(&self, row: &[f32], inv_temperature: f64) -> Vec<(u32, u128)> {
         let p = &self.params;
+        if p.top_k > 0 {
+            return self.kept(&select::first_candidates(row, p.top_k), inv_temperature);
+        }
         // No cut at all (pure temperature): every token is a candidate, sorted.
-        let uncut = p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0;
-        let mut prefix_len = match (p.top_k, uncut) {
-            (0, true) => 0,
-            (0, false) => FIRST_PREFIX,
-            (k, _) => k,
-        };
+        let uncut = p.top_p >= 1.0 && p.min_p <= 0.0;
+        let mut prefix_len = if uncut { 0 } else { FIRST_PREFIX };
         let mut total_of_all = None;
         loop {
             let ids = select::first_candidates(row, prefix_len);
-            // Every candidate is in `ids` when the cut is top-k's or nothing was left out.
-            let whole = p.top_k > 0 || ids.len() < prefix_len || prefix_len == 0;
+            // Every candidate is in `ids` when nothing was left out.
+            let whole = ids.len() < prefix_len || prefix_len == 0;
             let max = f64::from(ids.first().map_or(0.0, |c| c.1));
             let mut masses: Vec<(u32, u128)> = ids
                 .iter()
@@ -364,6 +411,20 @@ impl Sampler {
                 n => n,
             };
         }
+    }
+
+    /// Steps 4–6 once the first candidates are known (`ids`, in candidate order: all of them, or
+    /// the top-k cut's): their masses, then the top-p and min-p cuts.
+    fn kept(&self, ids: &[(u32, f32)], inv_temperature: f64) -> Vec<(u32, u128)> {
+        let max = f64::from(ids.first().map_or(0.0, |c| c.1));
+        let mut masses: Vec<(u32, u128)> = ids
+            .iter()
+            .map(|&(id, l)| (id, mass::mass(l, max, inv_temperature)))
+            .collect();
+        let total: u128 = masses.iter().map(|c| c.1).sum();
+        let keep = self.cut(&masses, total, true).unwrap_or(masses.len());
+        masses.truncate(keep);
+        masses
     }
 
     /// Steps 5 and 6 on the sorted `masses` (a prefix of the candidates, or all of them when
@@ -457,6 +518,68 @@ mod tests {
             min_p,
             seed: Some(7),
             ..SamplingParams::default()
+        }
+    }
+
+    /// Sampling from the first candidates (what the GPU hands back) picks the token sampling
+    /// from the whole row picks, and records it the same way: random rows with ties and signed
+    /// zeros, top-k from 1 to the list's 64, with and without top-p and min-p, rows shorter than
+    /// the cut; and samplers the shortcut does not apply to say so.
+    #[test]
+    fn sampling_from_the_first_candidates_equals_sampling_from_the_row() {
+        let mut state = 0x0123_4567_89ab_cdefu64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut checked = 0;
+        for case in 0..400 {
+            let n = [3usize, 50, 1000, 20_000][case % 4];
+            let levels = 2 + next() % 300;
+            let row: Vec<f32> = (0..n)
+                .map(|_| match next() % 11 {
+                    0 => -0.0,
+                    1 => 0.0,
+                    r => ((r * 7919 + next() % levels) % levels) as f32 * 0.05 - 3.0,
+                })
+                .collect();
+            let top_k = 1 + (next() % MAX_TOP_CANDIDATES as u64) as usize;
+            let top_p = [1.0, 0.95, 0.5, 0.1][case % 3];
+            let min_p = [0.0, 0.05, 0.3][(case / 3) % 3];
+            let temperature = [0.6, 1.0, 0.05, 2.0][(case / 2) % 4];
+            let mut p = params(temperature, top_k, top_p, min_p);
+            p.seed = Some(next());
+            let mut whole = Sampler::new(&p, &[]).unwrap();
+            let mut short = Sampler::new(&p, &[]).unwrap();
+            assert_eq!(short.top_only(), Some(top_k));
+            let top = top_candidates(&row, MAX_TOP_CANDIDATES);
+            for position in [0, 17, 40_000] {
+                let want = whole.sample(&row, position).unwrap();
+                let got = short.sample_top(&top, position).unwrap();
+                assert_eq!(got, want, "case {case}, position {position}");
+                checked += 1;
+            }
+            assert_eq!(short.generated, whole.generated, "case {case}");
+        }
+        assert_eq!(checked, 1200);
+        for p in [
+            params(0.0, 20, 0.95, 0.0),
+            params(0.6, 0, 0.95, 0.0),
+            params(0.6, MAX_TOP_CANDIDATES + 1, 1.0, 0.0),
+            SamplingParams {
+                repetition_penalty: 1.1,
+                ..params(0.6, 20, 0.95, 0.0)
+            },
+            SamplingParams {
+                presence_penalty: 0.5,
+                ..params(0.6, 20, 0.95, 0.0)
+            },
+        ] {
+            let mut s = Sampler::new(&p, &[1, 2]).unwrap();
+            assert_eq!(s.top_only(), None, "{p:?}");
+            assert!(s.sample_top(&[(0, 1.0)], 0).is_err(), "{p:?}");
         }
     }
 

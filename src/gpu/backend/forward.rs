@@ -6,6 +6,21 @@ use super::*;
 /// comes after a few layers, so the host's recording of the rest overlaps the GPU's work.
 const STREAM_DISPATCHES: usize = 64;
 
+/// What a chunk's feed reads back ([`GpuSequence::feed_chunk`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Want {
+    Logits,
+    Argmax,
+    Top,
+}
+
+/// What it read back.
+pub(super) enum Got {
+    Logits(Vec<f32>),
+    Argmax(u32),
+    Top(Vec<(u32, f32)>),
+}
+
 impl GpuSequence {
     /// Record the forward pass of `t` tokens at positions pos0.. (ids and PLE rows already
     /// uploaded). Logits land in `scratch.logits`: all rows, or only the last token's in row 0.
@@ -175,58 +190,50 @@ impl GpuSequence {
         Err(EngineError::Other("stage loop ended early".into()))
     }
 
-    /// One chunk through the model. Returns the logits (all rows or the last), or with `greedy`
-    /// the argmax of the last row as a single-element vector (only 8 bytes are read back).
+    /// One chunk through the model, and what `want` asks of its logits: the rows (all, or the
+    /// last), or a result computed where they are (the argmax, the sampling candidates), so only
+    /// a few bytes are read back.
     pub(super) fn feed_chunk(
         &mut self,
         chunk: &[u32],
         all_logits: bool,
-        greedy: bool,
-    ) -> Result<Vec<f32>, EngineError> {
+        want: Want,
+    ) -> Result<Got, EngineError> {
         let pos0 = self.tokens.len();
         let t = chunk.len();
         self.tokens.extend_from_slice(chunk);
         let b = Arc::clone(&self.backend);
         let c = &*b.ctx;
+        let all_logits = all_logits && want == Want::Logits;
         // The chunk buffers are shared: nothing of another sequence's feed may run until this
         // one's results are read back (the readback below waits for the GPU).
         let _feeding = scratch::lock(&b.feed_lock);
         self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
         self.upload_ple_rows(pos0, t)?;
         // Diagnostic mode runs the forward stage by stage (the recorder below then only adds the
-        // greedy argmax, if any, and the readback).
+        // argmax or candidate passes, if any, and the readback).
         let checked_rows = if b.check_stages {
-            Some(self.run_checked(t, pos0, all_logits && !greedy)?)
+            Some(self.run_checked(t, pos0, all_logits)?)
         } else {
             None
         };
+        let scratch = Arc::clone(&self.scratch);
         let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
-        let v = b.config.vocab_size;
         let recorded = match checked_rows {
             Some(rows) => Ok(rows),
             // A profile needs every dispatch in one pass (its timestamps share a query set).
-            None => self.record(&mut rec, t, pos0, all_logits && !greedy, !self.profile),
+            None => self.record(&mut rec, t, pos0, all_logits, !self.profile),
         }
         .and_then(|rows| {
-            if greedy {
-                ops::argmax(
-                    c,
-                    &mut rec,
-                    &self.scratch.logits,
-                    v,
-                    1,
-                    &self.scratch.greedy,
-                )
-                .map_err(gpu_err)?;
-            }
-            Ok(rows)
+            let source = record_readback(&b, &scratch, &mut rec, want).map_err(gpu_err)?;
+            Ok((rows, source))
         });
         self.bind_groups = rec.take_cache();
-        let rows = recorded?;
-        let (source, size) = if greedy {
-            (&self.scratch.greedy, 8u64)
-        } else {
-            (&self.scratch.logits, (rows * v * 4) as u64)
+        let (rows, source) = recorded?;
+        let v = b.config.vocab_size;
+        let (source, size) = match source {
+            Some(s) => s,
+            None => (&scratch.logits, (rows * v * 4) as u64),
         };
         let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
@@ -261,27 +268,38 @@ impl GpuSequence {
         if let Some(t) = &timestamps {
             self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);
         }
-        if greedy {
-            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-            return match words.as_slice() {
-                // A token id (< vocab < 2^24) is exact as an f32.
-                [id, 0] => Ok(vec![*id as f32]),
-                _ => Err(EngineError::NonFinite {
-                    stage: "GPU logits".into(),
-                    position: pos0 + t - 1,
-                }),
-            };
+        let last = pos0 + t - 1;
+        let bad_logits = |position| EngineError::NonFinite {
+            stage: "GPU logits".into(),
+            position,
+        };
+        match want {
+            Want::Argmax => {
+                let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+                match words.as_slice() {
+                    [id, 0] => Ok(Got::Argmax(*id)),
+                    _ => Err(bad_logits(last)),
+                }
+            }
+            Want::Top => {
+                let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+                topk::decode(&words, v)
+                    .map(Got::Top)
+                    .map_err(|_| bad_logits(last))
+            }
+            Want::Logits => {
+                let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+                if let Some(bad) = first_non_finite(&logits) {
+                    let position = if all_logits {
+                        pos0 + bad / v.max(1)
+                    } else {
+                        last
+                    };
+                    return Err(bad_logits(position));
+                }
+                Ok(Got::Logits(logits))
+            }
         }
-        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        if let Some(bad) = first_non_finite(&logits) {
-            let row = bad / v.max(1);
-            let position = if all_logits { pos0 + row } else { pos0 + t - 1 };
-            return Err(EngineError::NonFinite {
-                stage: "GPU logits".into(),
-                position,
-            });
-        }
-        Ok(logits)
     }
 
     /// Pinned experts: queue a copy of the chunk's routing log (`t` tokens) for the host.
@@ -301,5 +319,29 @@ impl GpuSequence {
         });
         encoder.copy_buffer_to_buffer(&self.scratch.routing_log.buffer, 0, &staging, 0, size);
         Some(staging)
+    }
+}
+
+/// The passes `want` adds after the forward (on the last row, in row 0 of the logits), and the
+/// buffer and bytes to read back instead of the logits rows.
+fn record_readback<'a>(
+    b: &GpuBackend,
+    s: &'a Scratch,
+    rec: &mut Recorder,
+    want: Want,
+) -> Result<Option<(&'a GpuBuf, u64)>, GpuError> {
+    let c = &*b.ctx;
+    let v = b.config.vocab_size;
+    match want {
+        Want::Logits => Ok(None),
+        Want::Argmax => {
+            ops::argmax(c, rec, &s.logits, v, 1, &s.greedy)?;
+            Ok(Some((&s.greedy, 8)))
+        }
+        Want::Top => {
+            let [x, y] = &s.top_lists;
+            let list = topk::record(c, rec, &s.logits, v, x, y)?;
+            Ok(Some((list, (topk::LIST_WORDS * 4) as u64)))
+        }
     }
 }

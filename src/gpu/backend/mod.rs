@@ -31,6 +31,7 @@ use super::kernels::{self, BindGroupCache, Recorder, Store, View, XForm};
 use super::ops::{self, GdnShape, Groups, NormMode, NormSpec, PleShape, QsaParams};
 use super::proj::{MultiProj, Src};
 use super::tiered::{ExpertTier, TierStats, plan_for_budget};
+use super::topk;
 use super::{GpuContext, GpuError};
 use crate::tiers::{MemoryPlan, PleReadError, PleRowReader, TierArgs, format_size};
 
@@ -444,6 +445,8 @@ struct Scratch {
     ple_conv_in: GpuBuf,
     logits: GpuBuf,
     greedy: GpuBuf,
+    /// The two buffers the sampling-candidate passes alternate between (`crate::gpu::topk`).
+    top_lists: [GpuBuf; 2],
 }
 
 pub struct GpuSequence {

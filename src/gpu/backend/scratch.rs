@@ -182,6 +182,10 @@ impl Scratch {
             ple_conv_in: z("ple conv in", t * wide)?,
             logits: z("logits", t.min(LOGIT_ROWS) * cfg.vocab_size)?,
             greedy: z("greedy", 2)?,
+            top_lists: [
+                z("top candidates a", topk::scratch_words(cfg.vocab_size))?,
+                z("top candidates b", topk::scratch_words(cfg.vocab_size))?,
+            ],
         })
     }
 }

@@ -1,32 +1,38 @@
 //! Feeding a sequence: chunks, greedy decode, forks, and the engine's `Sequence` trait.
 
+use super::forward::{Got, Want};
 use super::*;
 
 impl GpuSequence {
     /// Feed `tokens` and return the greedy next token (argmax of the last logits row, lowest id on
     /// ties), computed on the GPU: the host reads back 8 bytes instead of the logits row.
     pub fn feed_greedy(&mut self, tokens: &[u32]) -> Result<u32, EngineError> {
+        match self.feed_for(tokens, Want::Argmax)? {
+            Got::Argmax(id) => Ok(id),
+            _ => Err(EngineError::Other("greedy feed read back no token".into())),
+        }
+    }
+
+    /// Feed `tokens` in chunks; the last chunk reads back what `want` asks (the others only their
+    /// argmax, 8 bytes, which still checks their rows for non-finite values). An error leaves the
+    /// sequence unusable.
+    fn feed_for(&mut self, tokens: &[u32], want: Want) -> Result<Got, EngineError> {
         self.validate(tokens)?;
-        let Some((last, rest)) = tokens.split_last() else {
-            return Err(EngineError::Other(
-                "feed_greedy needs at least one token".into(),
-            ));
-        };
-        let result = (|| {
-            if !rest.is_empty() {
-                for chunk in rest.chunks(self.backend.max_chunk) {
-                    self.feed_chunk(chunk, false, false)?;
-                }
-            }
-            self.feed_chunk(std::slice::from_ref(last), false, true)
-        })();
-        match result {
-            Ok(v) => Ok(v.first().copied().unwrap_or(0.0) as u32),
-            Err(e) => {
+        if tokens.is_empty() {
+            return Err(EngineError::Other("a feed needs at least one token".into()));
+        }
+        let chunks: Vec<&[u32]> = tokens.chunks(self.backend.max_chunk).collect();
+        let last = chunks.len() - 1;
+        let mut got = Err(EngineError::Other("nothing fed".into()));
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let w = if i == last { want } else { Want::Argmax };
+            got = self.feed_chunk(chunk, false, w);
+            if got.is_err() {
                 self.poisoned = true;
-                Err(e)
+                break;
             }
         }
+        got
     }
 
     pub(super) fn validate(&self, tokens: &[u32]) -> Result<(), EngineError> {
@@ -128,12 +134,13 @@ impl Sequence for GpuSequence {
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
             let want = all_logits || i == last;
-            match self.feed_chunk(chunk, all_logits, false) {
-                Ok(logits) => {
+            match self.feed_chunk(chunk, all_logits, Want::Logits) {
+                Ok(Got::Logits(logits)) => {
                     if want {
                         out.extend_from_slice(&logits);
                     }
                 }
+                Ok(_) => return Err(EngineError::Other("a feed read back no logits".into())),
                 Err(e) => {
                     self.poisoned = true;
                     return Err(e);
@@ -141,6 +148,23 @@ impl Sequence for GpuSequence {
             }
         }
         Ok(out)
+    }
+
+    /// The candidates come from the GPU (`crate::gpu::topk`): the logits row stays there.
+    fn feed_top(&mut self, tokens: &[u32], k: usize) -> Result<Vec<(u32, f32)>, EngineError> {
+        if k > topk::TOP_CANDIDATES {
+            return Err(EngineError::Other(format!(
+                "at most {} sampling candidates come from the GPU, {k} asked",
+                topk::TOP_CANDIDATES
+            )));
+        }
+        match self.feed_for(tokens, Want::Top)? {
+            Got::Top(mut top) => {
+                top.truncate(k);
+                Ok(top)
+            }
+            _ => Err(EngineError::Other("a feed read back no candidates".into())),
+        }
     }
 
     fn state_bytes(&self) -> usize {
