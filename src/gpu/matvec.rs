@@ -274,9 +274,22 @@ fn key(
     items: usize,
     xform: XForm,
 ) -> PipelineKey {
+    key_wg(w, any, entry, rows_per_sg, items, xform, wg_size())
+}
+
+/// [`key`] with a workgroup of `wg` invocations.
+fn key_wg(
+    w: &GpuWeight,
+    any: bool,
+    entry: &'static str,
+    rows_per_sg: usize,
+    items: usize,
+    xform: XForm,
+    wg: usize,
+) -> PipelineKey {
     PipelineKey::new(shader_name(w, any), entry)
         .constant("ROWS", rows_per_sg as f64)
-        .constant("WG", wg_size() as f64)
+        .constant("WG", wg as f64)
         .constant("ITEMS", items as f64)
         .constant("X_MODE", xform.mode().0 as f64)
 }
@@ -915,6 +928,24 @@ pub struct ExpertCombine<'a> {
     pub hc: usize,
 }
 
+/// Invocations of a [`matvec_expert_combine`] workgroup: the mat-vec's (128), or
+/// `STRATA_COMBINE_WG` (a multiple of 32 from 64 up to the adapter's limit; for tuning). Its subgroups
+/// take the slots' row dots in turn, so with one subgroup per slot (320 for 10 slots on 32-wide
+/// subgroups) they all run at once; any size gives the same bits (each slot's dot is one
+/// subgroup's, whichever it is).
+fn combine_wg(ctx: &GpuContext) -> usize {
+    static WG: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let limit = ctx.limits.max_compute_invocations_per_workgroup as usize;
+    WG.get_or_init(|| {
+        std::env::var("STRATA_COMBINE_WG")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| *n >= 64 && n.is_multiple_of(32))
+    })
+    .filter(|n| *n <= limit)
+    .unwrap_or_else(wg_size)
+}
+
 /// Rows of each workgroup of [`matvec_expert_combine`] (its shader's ROWS).
 const COMBINE_ROWS: usize = 2;
 
@@ -976,13 +1007,14 @@ pub fn matvec_expert_combine(
         let gx = to_u32(h.div_ceil(COMBINE_ROWS), "grid x")?;
         rec.push(
             ctx,
-            &key(
+            &key_wg(
                 w,
                 any_length(w, c.x, XForm::Plain),
                 "matvec_expert_combine",
                 COMBINE_ROWS,
                 1,
                 XForm::Plain,
+                combine_wg(ctx),
             ),
             &b,
             bytemuck::bytes_of(&params),
