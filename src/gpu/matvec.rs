@@ -274,24 +274,8 @@ fn key(
     items: usize,
     xform: XForm,
 ) -> PipelineKey {
-    key_wg(w, any, entry, rows_per_sg, items, xform, wg_size())
-}
-
-/// [`key`] with a workgroup of `wg` invocations.
-fn key_wg(
-    w: &GpuWeight,
-    any: bool,
-    entry: &'static str,
-    rows_per_sg: usize,
-    items: usize,
-    xform: XForm,
-    wg: usize,
-) -> PipelineKey {
-    PipelineKey::new(shader_name(w, any), entry)
-        .constant("ROWS", rows_per_sg as f64)
-        .constant("WG", wg as f64)
-        .constant("ITEMS", items as f64)
-        .constant("X_MODE", xform.mode().0 as f64)
+    let key = PipelineKey::new(shader_name(w, any), entry);
+    specialise(key, rows_per_sg, wg_size(), items, xform.mode().0)
 }
 
 /// [`key`] for a fused assembly (`matvec_norm`: X_MODE 3, [`InputNorm`]; `matvec_conv`:
@@ -304,9 +288,14 @@ fn fused_key(
     items: usize,
     x_mode: u32,
 ) -> PipelineKey {
-    PipelineKey::new(format!("{op}:{}", w.ty.name()), entry)
-        .constant("ROWS", rows_per_sg as f64)
-        .constant("WG", wg_size() as f64)
+    let key = PipelineKey::new(format!("{op}:{}", w.ty.name()), entry);
+    specialise(key, rows_per_sg, wg_size(), items, x_mode)
+}
+
+/// The override constants every mat-vec pipeline is specialised on.
+fn specialise(key: PipelineKey, rows: usize, wg: usize, items: usize, x_mode: u32) -> PipelineKey {
+    key.constant("ROWS", rows as f64)
+        .constant("WG", wg as f64)
         .constant("ITEMS", items as f64)
         .constant("X_MODE", x_mode as f64)
 }
@@ -317,7 +306,7 @@ fn fused_key(
 /// H200: 320 x 10,240 Q6_K 15.6 us unsplit, 12.9 split in 2, 11.6 in 4; the router's
 /// 513 x 2,560 F32 15.1, 12.0, 10.9; 2,560 x 6,144 rows got slower split.) It changes a row's summation order, so it depends on the weight and the
 /// adapter only, never on the number of vectors: prefill and decode agree. (The expert entry
-/// points keep 1.) `STRATA_MATVEC_KSPLIT` (1, 2 or 4) overrides it for every dense weight, for
+/// points keep 1.) `STRATA_MATVEC_KSPLIT` (1, 2, 4 or 8) overrides it for every dense weight, for
 /// tuning only: it changes the bits of the rows it touches.
 fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
     static KSPLIT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
@@ -1007,14 +996,15 @@ pub fn matvec_expert_combine(
         let gx = to_u32(h.div_ceil(COMBINE_ROWS), "grid x")?;
         rec.push(
             ctx,
-            &key_wg(
-                w,
-                any_length(w, c.x, XForm::Plain),
-                "matvec_expert_combine",
+            &specialise(
+                PipelineKey::new(
+                    shader_name(w, any_length(w, c.x, XForm::Plain)),
+                    "matvec_expert_combine",
+                ),
                 COMBINE_ROWS,
-                1,
-                XForm::Plain,
                 combine_wg(ctx),
+                1,
+                XForm::Plain.mode().0,
             ),
             &b,
             bytemuck::bytes_of(&params),
