@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run on the lent GPU machine (see ../shared/docs/gpu-notes.md): correctness first
 # (oracle and determinism), then the mat-vec roofline and the 48-layer synthetic model bench.
-# Expects, carried from the development machine: .gl (Vulkan loader debs), .devbin/strata (release
+# Expects, carried from the development machine: .gl (Vulkan loader and glvnd debs, see the device
+# tool's README; set VK_DRIVER_FILES to the NVIDIA ICD), .devbin/strata (release
 # build), .devdata/tiny (oracle fixture subset) and .devdata/tools (oracle_check.py, the synthetic
 # model writer). Writes logs and JSON under $OUT.
 #   STAGES="oracle matvec model" (default all; "tiers" is extra), LAYERS=48, SKEW=0,
@@ -19,6 +20,8 @@ mkdir -p "$OUT"
 STAGES="${STAGES:-oracle matvec model}"
 LAYERS="${LAYERS:-48}"
 SKEW="${SKEW:-0}"
+# The oracle fixture (a copy of ../shared/oracle/qwen4exp-tiny, or a subset: ORACLE_TYPES).
+FIXTURE="${FIXTURE:-.devdata/tiny}"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 S=./.devbin/strata
@@ -31,13 +34,14 @@ fi
 
 if [[ " $STAGES " == *" oracle "* ]]; then
     echo "== oracle (GPU, tolerance 1e-3)"
-    python3 .devdata/tools/oracle_check.py --strata "$S" --fixture .devdata/tiny \
-        --types F16,Q6_K,IQ3_S --backend gpu --tol 1e-3 2>&1 | tail -4 | tee "$OUT/oracle.txt"
+    python3 .devdata/tools/oracle_check.py --strata "$S" --fixture "$FIXTURE" \
+        --types "${ORACLE_TYPES:-F16,Q6_K,IQ3_S}" --backend gpu --tol 1e-3 2>&1 | tail -4 \
+        | tee "$OUT/oracle.txt"
     echo "== determinism: p300 logits over prefill chunk sizes, two processes each"
-    ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('.devdata/tiny/prompts.json'))['p300'])))")
+    ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$FIXTURE/prompts.json'))['p300'])))")
     for chunk in 1 7 64 300; do
         for run in 1 2; do
-            "$S" logits --model .devdata/tiny/tiny-IQ3_S.gguf --ids "$ids" --all --backend gpu \
+            "$S" logits --model "$FIXTURE/tiny-IQ3_S.gguf" --ids "$ids" --all --backend gpu \
                 --prefill-chunk "$chunk" --out "/tmp/l.$chunk.$run.npy" >/dev/null 2>&1
             md5sum "/tmp/l.$chunk.$run.npy" | cut -c1-32
         done

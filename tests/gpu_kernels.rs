@@ -169,12 +169,13 @@ fn tiled_matrix(name: &str, ty: GgmlType, rows: usize, row_len: usize) -> (Vec<u
 
 /// Mat-vec for every supported type against an f64 CPU dot of the exact dequantized values.
 /// Tolerance: 1e-5 of sum |w x| per row (f32 accumulation in a different order).
-/// Also checks batch invariance: 5 vectors in one dispatch give the same bits as 5 single
-/// dispatches, and splitting the tensor into several parts changes no bit.
+/// Also checks batch invariance: 21 vectors in one call (a wide tile of 16, a tile of 4 and one)
+/// give the same bits as 21 single dispatches, and splitting the tensor into several parts
+/// changes no bit.
 #[test]
 fn matvec_matches_cpu_and_is_batch_invariant() {
     let Some(ctx) = context() else { return };
-    let (rows, row_len, items) = (37, 512, 5);
+    let (rows, row_len, items) = (37, 512, 21);
     let mut failures = Vec::new();
     for &(name, ty) in QUANT_TYPES {
         if !strata::gpu::shaders::supports(ty) {
@@ -550,10 +551,12 @@ fn rope_matches_cpu() {
     close(&download(&ctx, &xb, x.len()), &want, 1e-6, "rope");
 }
 
-/// The fused per-head norm and rotation (`rmsnorm_rope`) against `rmsnorm_inplace` then `rope`:
-/// the same bits (decode and prefill both take the fused form; the separate kernels are its
-/// definition), on heads that are not a multiple of the workgroup, with a partial rotation,
-/// interleaved gate halves and a position step (block keys). Against the CPU too (1e-5 relative).
+/// The fused per-head norm and rotation (`rmsnorm_rope`) against `rmsnorm_inplace` then `rope`
+/// (its definition; decode and prefill both take the fused form, so no result mixes the two), on
+/// heads that are not a multiple of the workgroup, with a partial rotation, interleaved gate halves
+/// and a position step (block keys): within 1e-6 relative, not bit for bit, since a shader compiler
+/// may fuse `a * c - b * s` differently in the two kernels (lavapipe on an AMD EPYC host does).
+/// Against the CPU too (1e-5 relative).
 #[test]
 fn rmsnorm_rope_matches_the_separate_kernels() {
     let Some(ctx) = context() else { return };
@@ -620,9 +623,12 @@ fn rmsnorm_rope_matches_the_separate_kernels() {
         rec.run(&ctx).expect("run");
         let a = download(&ctx, &separate, x.len());
         let b = download(&ctx, &fused, x.len());
-        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(p.to_bits(), q.to_bits(), "hd {hd}: value {i}: {p} vs {q}");
-        }
+        close(
+            &b,
+            &a,
+            1e-6,
+            &format!("rmsnorm_rope hd {hd} against the separate kernels"),
+        );
         let mut want = x.clone();
         for t in 0..tokens {
             cpu::rope_cos_sin(pos0 + t * step, &inv, &mut c, &mut s);

@@ -152,6 +152,8 @@ fn fused_moe_combine_matches_the_separate_kernels_bit_for_bit() {
         (GgmlType::Q8_0, 37, 96, 7, None),
         (GgmlType::Q6_K, 33, 256, 5, Some(8)),
         (GgmlType::IQ4_NL, 19, 64, 9, None),
+        // Wide prefill tiles (8 or 16 tokens), then tiles of 4 and a remainder.
+        (GgmlType::Q6_K, 33, 256, 29, Some(8)),
         (GgmlType::IQ3_S, 24, 256, 4, None),
         // Block layout and float rows of any length.
         (GgmlType::Q4_K, 21, 256, 6, None),
@@ -159,6 +161,7 @@ fn fused_moe_combine_matches_the_separate_kernels_bit_for_bit() {
         // Long rows, which 2 and 4 subgroups share (the K split), decode and prefill.
         (GgmlType::Q6_K, 40, 17 * 256, 1, None),
         (GgmlType::Q8_0, 37, 8192, 5, None),
+        (GgmlType::Q8_0, 37, 8192, 21, None),
     ];
     for (ty, h, ff, tokens, part_rows) in cases {
         run_case(
@@ -184,7 +187,9 @@ fn segment_and_combine_stores_match_rows_bit_for_bit() {
     for (ty, h, row_len, tokens) in [
         (GgmlType::Q6_K, 40, 17 * 256, 1),
         (GgmlType::Q8_0, 37, 8192, 5),
+        (GgmlType::Q8_0, 37, 8192, 21),
         (GgmlType::IQ4_NL, 29, 96, 6),
+        (GgmlType::IQ4_NL, 29, 96, 21),
     ] {
         stores_case(&ctx, ty, h, row_len, tokens);
     }
@@ -286,15 +291,20 @@ fn stores_case(ctx: &GpuContext, ty: GgmlType, h: usize, row_len: usize, tokens:
 /// its rows must equal a plain mat-vec over those stored vectors bit for bit, and a batch of
 /// vectors (tiles and a remainder) must give the bits of the vectors fed one at a time. The real
 /// shape (4 groups of 2,560, rows split over subgroups), a weight period of one group, 1 to 4
-/// groups, and widths that are no multiple of the row groups.
+/// groups, widths that are no multiple of the row groups, and batches wide enough for prefill's
+/// wide tiles.
 #[test]
 fn input_norm_rows_equal_a_matvec_over_the_normed_vectors() {
     let Some(ctx) = context() else { return };
     for (ty, group, groups, whole_period, rows, tokens) in [
         (GgmlType::Q6_K, 2560, 4, true, 37, 6),
+        (GgmlType::Q6_K, 2560, 4, true, 37, 17),
         (GgmlType::Q8_0, 48, 4, false, 29, 5),
         (GgmlType::IQ4_NL, 80, 2, true, 21, 4),
         (GgmlType::IQ3_S, 256, 3, false, 11, 3),
+        // Enough vectors for wide prefill tiles (the norm stored first, then the rows).
+        (GgmlType::Q8_0, 48, 4, false, 29, 21),
+        (GgmlType::IQ4_NL, 80, 2, true, 21, 13),
         (GgmlType::Q6_K, 256, 1, true, 9, 1),
     ] {
         let period = if whole_period { group * groups } else { group };

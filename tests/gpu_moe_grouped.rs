@@ -168,8 +168,10 @@ struct Case {
 
 /// Runs the grouped and the per-item kernels on one random expert tensor; both the plain input
 /// (x per token) and the SwiGLU input (x per item) forms.
+/// 61 tokens of 3 experts among 9: about 20 items per expert, so the wide tiles of the split
+/// layouts (16 items) run full and partial tiles, with and without whole quads missing.
 fn check_case(ctx: &GpuContext, case: &Case) {
-    let (n_expert, rows, tokens, k) = (9usize, 5usize, 13usize, 3usize);
+    let (n_expert, rows, tokens, k) = (9usize, 5usize, 61usize, 3usize);
     let Case { ty, cols } = *case;
     let blocks = strata::quant::random_blocks(ty, n_expert * rows * cols / ty.block_size(), 91);
     let row_bytes = cols / ty.block_size() * ty.type_size();

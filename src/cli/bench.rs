@@ -674,10 +674,9 @@ fn bench_model(
             anyhow::bail!("prefill length {n} exceeds the context {ctx_len}");
         }
         let tokens = bench_tokens(n, vocab);
-        // Warm-up on a short prompt (pipelines compiled, buffers touched).
-        Arc::clone(&backend)
-            .new_sequence()?
-            .feed(&tokens[..n.min(8)], false)?;
+        // Warm-up on the same prompt: every pipeline it takes (tile widths and remainders follow
+        // the length) is compiled and every buffer touched before the timed run.
+        Arc::clone(&backend).new_sequence()?.feed(&tokens, false)?;
         let mut seq = Arc::clone(&backend).new_sequence()?;
         let start = Instant::now();
         seq.feed(&tokens, false)?;

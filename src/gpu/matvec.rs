@@ -196,6 +196,32 @@ fn wg_size() -> usize {
 }
 const TILE: usize = 4;
 
+/// Vectors per wide prefill tile (quant/rows_wide.wgsl, split layouts only): 16 unless
+/// `STRATA_WIDE` (0 = off, 8, 12 or 16) says otherwise, for tuning. A row's bits never depend on it.
+fn wide_items() -> usize {
+    static WIDE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| {
+        std::env::var("STRATA_WIDE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [0, 8, 12, 16].contains(n))
+            .unwrap_or(16)
+    })
+}
+
+/// Rows per subgroup of the wide tiles (`STRATA_WIDE_ROWS`, 1 to 4, for tuning; default 4).
+fn wide_rows() -> usize {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    ROWS.get_or_init(|| env_rows("STRATA_WIDE_ROWS"))
+        .unwrap_or(4)
+}
+
+/// Whether a mat-vec of `w` over `x` may run in wide tiles: a split layout read plainly (the
+/// transform already applied) by the split row body.
+fn wide_ok(w: &GpuWeight, x: View, xform: XForm) -> bool {
+    wide_items() > 0 && w.split.is_some() && xform == XForm::Plain && !any_length(w, x, xform)
+}
+
 /// The adapter's subgroup size for sizing grids (32 when it reports none). Any actual size still
 /// computes every row: the kernels loop over their row groups by the real subgroup count.
 fn subgroup_size(ctx: &GpuContext) -> usize {
@@ -234,6 +260,16 @@ fn rows_for_tile(w: &GpuWeight, rows: usize, tile: usize) -> usize {
             .unwrap_or(4)
     } else {
         rows_per_subgroup(w, rows)
+    }
+}
+
+/// Rows per subgroup for `tile`-vector tiles: [`wide_rows`] for wide tiles, else
+/// [`rows_for_tile`].
+fn tile_rows(w: &GpuWeight, rows: usize, tile: usize) -> usize {
+    if tile > TILE {
+        wide_rows()
+    } else {
+        rows_for_tile(w, rows, tile)
     }
 }
 
@@ -451,14 +487,30 @@ pub fn matvec_with(
     check_input(w, x, xform, items)?;
     let sg = subgroup_size(ctx);
     let grid = ctx.grid_buffer(w.ty)?;
-    // Full tiles of TILE vectors, then the remainder as tiles of its own size.
-    let full = items / TILE * TILE;
-    let runs = [(0, full, TILE), (full, items - full, items - full)];
+    // Wide tiles where the store has a wide entry, then full tiles of TILE vectors, then the
+    // remainder as tiles of its own size.
+    let wide_store = match store {
+        Store::Segments { fused, .. } => !matches!(fused, SegFusion::Conv(_)),
+        _ => true,
+    };
+    let wide = if wide_store && wide_ok(w, x, xform) {
+        wide_items()
+    } else {
+        0
+    };
+    let full_wide = items.checked_div(wide).map_or(0, |n| n * wide);
+    let full = full_wide + (items - full_wide) / TILE * TILE;
+    let runs = [
+        (0, full_wide, wide),
+        (full_wide, full - full_wide, TILE),
+        (full, items - full, items - full),
+    ];
     for part in &w.parts {
         for &(item0, count, tile) in &runs {
             if count == 0 {
                 continue;
             }
+            let is_wide = tile > TILE;
             let mut params = base_params(w, part, x, xform, items)?;
             let mut b = bindings(w, part, &grid);
             b.push((1, &*x.buf.buffer));
@@ -469,8 +521,9 @@ pub fn matvec_with(
                     params.y_stride = to_u32(y.stride, "y stride")?;
                     params.y_offset = to_u32(y.offset + part.first_row, "y offset")?;
                     b.push((2, &*y.buf.buffer));
-                    let per_sg = rows_for_tile(w, w.n_rows, tile);
-                    ("matvec", per_sg, part.n_rows.div_ceil(per_sg))
+                    let per_sg = tile_rows(w, w.n_rows, tile);
+                    let entry = if is_wide { "matvec_wide" } else { "matvec" };
+                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
                 }
                 Store::Segments {
                     outs,
@@ -486,6 +539,17 @@ pub fn matvec_with(
                     b.push((2, &*outs[0].buf.buffer));
                     b.push((6, &*outs[1].buf.buffer));
                     match fused {
+                        SegFusion::Norm(n) if is_wide => {
+                            // The normed vectors first, then the rows over them plainly.
+                            norm_params(w, &mut params, xform, first, n, items)?;
+                            norm_store(ctx, rec, w, &params, x, n, item0, count)?;
+                            params.x_mode = 0;
+                            params.x_offset = to_u32(n.normed.offset, "normed offset")?;
+                            params.x_stride = to_u32(n.normed.stride, "normed stride")?;
+                            b.retain(|(binding, _)| *binding != 1);
+                            b.push((1, &*n.normed.buf.buffer));
+                            b.push((7, &*outs[0].buf.buffer));
+                        }
                         SegFusion::Norm(n) => {
                             norm_params(w, &mut params, xform, first, n, items)?;
                             b.push((7, &*n.normed.buf.buffer));
@@ -500,8 +564,13 @@ pub fn matvec_with(
                         }
                         SegFusion::None => b.push((7, &*outs[2].buf.buffer)),
                     }
-                    let per_sg = rows_for_tile(w, w.n_rows, tile);
-                    ("matvec_seg", per_sg, part.n_rows.div_ceil(per_sg))
+                    let per_sg = tile_rows(w, w.n_rows, tile);
+                    let entry = if is_wide {
+                        "matvec_seg_wide"
+                    } else {
+                        "matvec_seg"
+                    };
+                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
                 }
                 Store::Mix { out, normed, h, hc } => {
                     if w.parts.len() != 1 || w.n_rows != h * hc || !(1..=4).contains(&hc) {
@@ -519,7 +588,12 @@ pub fn matvec_with(
                     b.push((2, &*out.buf.buffer));
                     b.push((8, &*normed.buffer));
                     // One subgroup per value i (its hc gate rows).
-                    ("matvec_mix", hc, h)
+                    let entry = if is_wide {
+                        "matvec_mix_wide"
+                    } else {
+                        "matvec_mix"
+                    };
+                    (entry, hc, h)
                 }
                 Store::MoeCombine {
                     wide,
@@ -541,8 +615,13 @@ pub fn matvec_with(
                         (11, &*weights.buffer),
                         (12, &*logit.buffer),
                     ]);
-                    let per_sg = rows_for_tile(w, w.n_rows, tile);
-                    ("matvec_moe_combine", per_sg, part.n_rows.div_ceil(per_sg))
+                    let per_sg = tile_rows(w, w.n_rows, tile);
+                    let entry = if is_wide {
+                        "matvec_moe_combine_wide"
+                    } else {
+                        "matvec_moe_combine"
+                    };
+                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
                 }
                 Store::Combine {
                     wide,
@@ -551,13 +630,18 @@ pub fn matvec_with(
                     hc,
                 } => {
                     residual_store(w, &mut params, &mut b, wide, inject, h, hc, items)?;
-                    let per_sg = rows_for_tile(w, w.n_rows, tile);
-                    ("matvec_combine", per_sg, part.n_rows.div_ceil(per_sg))
+                    let per_sg = tile_rows(w, w.n_rows, tile);
+                    let entry = if is_wide {
+                        "matvec_combine_wide"
+                    } else {
+                        "matvec_combine"
+                    };
+                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
                 }
             };
             // Row groups (of `per_sg` rows) per workgroup: one per subgroup, or per `split`
             // subgroups where a row's input is split over several (not for the mix store).
-            let split = if entry == "matvec_mix" {
+            let split = if entry.starts_with("matvec_mix") {
                 1
             } else {
                 k_split(ctx, w)
@@ -567,7 +651,9 @@ pub fn matvec_with(
             let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
             params.item0 = to_u32(item0, "first item")?;
             let (gy, gz) = item_grid(count / tile);
-            let pipeline = if params.x_mode == 3 {
+            let pipeline = if is_wide {
+                fused_key("matvec_wide", w, entry, per_sg, tile, 0)
+            } else if params.x_mode == 3 {
                 fused_key("matvec_norm", w, entry, per_sg, tile, 3)
             } else if y0_mode == 3 {
                 fused_key("matvec_conv", w, entry, per_sg, tile, 0)
@@ -586,6 +672,40 @@ pub fn matvec_with(
         }
     }
     Ok(())
+}
+
+/// Prefill's input norm on its own (`matvec.wgsl`'s `norm_store`): the normed vectors of items
+/// `item0 .. item0 + count` into `n.normed`, with the bits the fused norm stores (its parameters
+/// `norm`, as [`norm_params`] set them, and the same workgroup size).
+#[allow(clippy::too_many_arguments)]
+fn norm_store(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    norm: &MatvecParams,
+    x: View,
+    n: InputNorm,
+    item0: usize,
+    count: usize,
+) -> Result<(), GpuError> {
+    let params = MatvecParams {
+        item0: to_u32(item0, "first item")?,
+        ..*norm
+    };
+    // A few vec4 per invocation: each workgroup also reads its item's whole vector for the norm.
+    let slices = (w.row_len / 4).div_ceil(4 * wg_size()).max(1);
+    let (gy, gz) = item_grid(count);
+    rec.push(
+        ctx,
+        &fused_key("matvec_norm", w, "norm_store", 1, 1, 3),
+        &[
+            (1, &*x.buf.buffer),
+            (7, &*n.normed.buf.buffer),
+            (15, &*n.weight.buffer),
+        ],
+        bytemuck::bytes_of(&params),
+        [to_u32(slices, "norm slices")?, gy, gz],
+    )
 }
 
 /// The part both residual stores share: `w`'s rows are one stream's width `h`, the wide residual
@@ -1048,7 +1168,10 @@ pub fn matvec_group(
         &format!("grouped expert matvec {} output", w.name),
     )?;
     let sg = subgroup_size(ctx);
-    let per_sg = rows_for_tile(w, w.rows_per_unit, TILE);
+    let wide =
+        wide_items() > 0 && w.split.is_some() && xform == XForm::Plain && !any_length(w, x, xform);
+    let tile = if wide { wide_items() } else { TILE };
+    let per_sg = tile_rows(w, w.rows_per_unit, tile);
     let per_wg = (wg_size() / sg).max(1);
     let grid = ctx.grid_buffer(w.ty)?;
     for part in &w.parts {
@@ -1062,20 +1185,19 @@ pub fn matvec_group(
         let groups_x = w.rows_per_unit.div_ceil(per_sg);
         let gx = to_u32(groups_x.div_ceil(per_wg), "grid x")?;
         let gy = params.expert_count;
-        rec.push(
-            ctx,
-            &key(
+        let pipeline = if wide {
+            fused_key("matvec_wide", w, "matvec_group_wide", per_sg, tile, 0)
+        } else {
+            key(
                 w,
                 any_length(w, x, xform),
                 "matvec_group",
                 per_sg,
                 TILE,
                 xform,
-            ),
-            &b,
-            bytemuck::bytes_of(&params),
-            [gx, gy, 1],
-        )?;
+            )
+        };
+        rec.push(ctx, &pipeline, &b, bytemuck::bytes_of(&params), [gx, gy, 1])?;
     }
     Ok(())
 }

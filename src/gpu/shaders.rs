@@ -16,6 +16,8 @@ const GENERIC_DQ_CHUNK: &str = include_str!("../../shaders/quant/chunk_regs.wgsl
 // Row bodies (and get_rows) of the mat-vec: split layouts (src/gpu/layout.rs) and GGUF blocks.
 const ROWS_SPLIT: &str = include_str!("../../shaders/quant/rows_split.wgsl");
 const ROWS_BLOCK: &str = include_str!("../../shaders/quant/rows_block.wgsl");
+// Wide prefill tiles over the split row bodies (the `matvec_wide` assemblies).
+const ROWS_WIDE: &str = include_str!("../../shaders/quant/rows_wide.wgsl");
 // Unquantized rows of any length, read one value at a time.
 const ROWS_ANY: &str = include_str!("../../shaders/quant/rows_any.wgsl");
 const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: array<u32>;\n";
@@ -101,7 +103,7 @@ pub fn supports(ty: GgmlType) -> bool {
 
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
-        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" => {
+        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide" => {
             include_str!("../../shaders/matvec.wgsl")
         }
         "norm" => include_str!("../../shaders/norm.wgsl"),
@@ -164,14 +166,16 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 String::new()
             };
             let split = super::layout::split_d(ty).is_some();
-            if op == "matvec_norm" && !split {
+            if (op == "matvec_norm" || op == "matvec_wide") && !split {
                 return Err(GpuError::Unsupported(format!(
-                    "no normed-input mat-vec for {} (split layouts only)",
+                    "no {op} for {} (split layouts only)",
                     ty.name()
                 )));
             }
             let rows = if op == "matvec_any" {
                 ROWS_ANY.to_string()
+            } else if op == "matvec_wide" {
+                format!("{ROWS_SPLIT}\n{ROWS_WIDE}")
             } else if split {
                 ROWS_SPLIT.to_string()
             } else {

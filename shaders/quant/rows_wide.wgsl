@@ -1,0 +1,480 @@
+// Wide prefill tiles for the split row bodies (the `matvec_wide:<type>` assemblies: matvec.wgsl,
+// quant/rows_split.wgsl, then this file). A lane decodes each task of each of its ROWS rows once
+// per tile of up to 16 vectors (ITEMS = 4 * quads), where rows_dot does so once per TILE = 4; each
+// vector's x segments are loaded once per task and shared by the rows.
+//
+// Same bits as rows_dot: vector v of row r takes, on lane l, the tasks l, l + S, ... in order, each
+// task's value `task_dot` of the same codes and x segments (called as rows_dot calls it: shader
+// compilers rewrite its arithmetic where they see both scales are one value, so the expression
+// must reach them in the same form), added to the lane's sum; then one scalar `subgroupAdd` per
+// (row, vector). Nothing depends on the other vectors of the tile, so tiles of any width, padded
+// or not, give every (row, vector) the bits of a decode step.
+// The x transform is applied beforehand (prepare_x), so X_MODE is 0 here. The dense entries split
+// long rows over KSPLIT subgroups as matvec.wgsl's dense entries do (wide_split_sum).
+
+// Quads of the pipeline's tiles (ITEMS / 4).
+override QUADS: u32 = ITEMS / 4u;
+
+// x offsets (in floats) of the tile's vectors, four per quad; set by the entry point.
+var<private> XQ0: vec4<u32>;
+var<private> XQ1: vec4<u32>;
+var<private> XQ2: vec4<u32>;
+var<private> XQ3: vec4<u32>;
+
+// The task values of up to 4 rows' decoded tasks (components; w1..w3 unused past ROWS) against
+// the vector at x offset `first`.
+fn tok_values(w0: Task, w1: Task, w2: Task, w3: Task, first: u32, xo: vec2<u32>) -> vec4<f32> {
+    let xa = load_seg(first + xo.x);
+    let xb = load_seg(first + xo.y);
+    var v = vec4<f32>(task_dot(w0, xa, xb), 0.0, 0.0, 0.0);
+    if (ROWS > 1u) {
+        v.y = task_dot(w1, xa, xb);
+    }
+    if (ROWS > 2u) {
+        v.z = task_dot(w2, xa, xb);
+    }
+    if (ROWS > 3u) {
+        v.w = task_dot(w3, xa, xb);
+    }
+    return v;
+}
+
+// Four vectors' sums, each a vec4 over the rows.
+struct Quad {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+}
+
+fn zero_quad() -> Quad {
+    return Quad(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+// `acc` plus one task of every row for the 4 vectors at x offsets `b`.
+fn quad_add(acc: Quad, w0: Task, w1: Task, w2: Task, w3: Task, b: vec4<u32>,
+            xo: vec2<u32>) -> Quad {
+    return Quad(acc.v0 + tok_values(w0, w1, w2, w3, b.x, xo),
+                acc.v1 + tok_values(w0, w1, w2, w3, b.y, xo),
+                acc.v2 + tok_values(w0, w1, w2, w3, b.z, xo),
+                acc.v3 + tok_values(w0, w1, w2, w3, b.w, xo));
+}
+
+// The tile's sums: quad q holds vectors 4q .. 4q + 3, each a vec4 over the rows.
+struct Wide {
+    q0: Quad,
+    q1: Quad,
+    q2: Quad,
+    q3: Quad,
+}
+
+fn reduce4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(subgroupAdd(v.x), subgroupAdd(v.y), subgroupAdd(v.z), subgroupAdd(v.w));
+}
+
+// One scalar subgroupAdd per (row, vector) present.
+fn reduce_quad(q: Quad) -> Quad {
+    if (ROWS == 1u) {
+        return Quad(vec4<f32>(subgroupAdd(q.v0.x), 0.0, 0.0, 0.0),
+                    vec4<f32>(subgroupAdd(q.v1.x), 0.0, 0.0, 0.0),
+                    vec4<f32>(subgroupAdd(q.v2.x), 0.0, 0.0, 0.0),
+                    vec4<f32>(subgroupAdd(q.v3.x), 0.0, 0.0, 0.0));
+    }
+    return Quad(reduce4(q.v0), reduce4(q.v1), reduce4(q.v2), reduce4(q.v3));
+}
+
+// Rows row0 + r * row_step (r < n_rows <= ROWS; rows past n_rows repeat the last, never stored)
+// against the first `nq` quads of the tile (a uniform count: the last tile of an expert's items
+// may hold fewer), reduced over the subgroup.
+fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size: u32) -> Wide {
+    var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
+    let last = n_rows - 1u;
+    let r1 = row0 + min(1u, last) * row_step;
+    let r2 = row0 + min(2u, last) * row_step;
+    let r3 = row0 + min(3u, last) * row_step;
+    let tasks = (p.k / QK) * TASKS_PER_BLOCK;
+    for (var t = lane; t < tasks; t += sg_size) {
+        let xo = task_x(t);
+        // Decoded once each (rows past ROWS are dead code).
+        let w0 = task_w(row0 * p.row_bytes, row_d(row0), t);
+        let w1 = task_w(r1 * p.row_bytes, row_d(r1), t);
+        let w2 = task_w(r2 * p.row_bytes, row_d(r2), t);
+        let w3 = task_w(r3 * p.row_bytes, row_d(r3), t);
+        acc.q0 = quad_add(acc.q0, w0, w1, w2, w3, XQ0, xo);
+        if (QUADS > 1u && nq > 1u) {
+            acc.q1 = quad_add(acc.q1, w0, w1, w2, w3, XQ1, xo);
+        }
+        if (QUADS > 2u && nq > 2u) {
+            acc.q2 = quad_add(acc.q2, w0, w1, w2, w3, XQ2, xo);
+        }
+        if (QUADS > 3u && nq > 3u) {
+            acc.q3 = quad_add(acc.q3, w0, w1, w2, w3, XQ3, xo);
+        }
+    }
+    var r = acc;
+    r.q0 = reduce_quad(acc.q0);
+    if (QUADS > 1u && nq > 1u) {
+        r.q1 = reduce_quad(acc.q1);
+    }
+    if (QUADS > 2u && nq > 2u) {
+        r.q2 = reduce_quad(acc.q2);
+    }
+    if (QUADS > 3u && nq > 3u) {
+        r.q3 = reduce_quad(acc.q3);
+    }
+    return r;
+}
+
+// Vector v (< 16) of `a`: a vec4 over the rows (selects: a dynamically indexed array would live
+// in local memory).
+fn wide_vector(a: Wide, v: u32) -> vec4<f32> {
+    let q = v / 4u;
+    let i = v % 4u;
+    let v0 = select(select(a.q0.v0, a.q1.v0, q == 1u), select(a.q2.v0, a.q3.v0, q == 3u), q >= 2u);
+    let v1 = select(select(a.q0.v1, a.q1.v1, q == 1u), select(a.q2.v1, a.q3.v1, q == 3u), q >= 2u);
+    let v2 = select(select(a.q0.v2, a.q1.v2, q == 1u), select(a.q2.v2, a.q3.v2, q == 3u), q >= 2u);
+    let v3 = select(select(a.q0.v3, a.q1.v3, q == 1u), select(a.q2.v3, a.q3.v3, q == 3u), q >= 2u);
+    return select(select(v0, v1, i == 1u), select(v2, v3, i == 3u), i >= 2u);
+}
+
+// Row j, vector v of `a`.
+fn wide_value(a: Wide, j: u32, v: u32) -> f32 {
+    return comp(wide_vector(a, v), j);
+}
+
+// A subgroup's Wide, 16 vec4 per subgroup (up to 64 subgroups), for the K split.
+var<workgroup> WPART: array<vec4<f32>, 1024>;
+
+fn wide_store_part(at: u32, a: Wide) {
+    WPART[at] = a.q0.v0;
+    WPART[at + 1u] = a.q0.v1;
+    WPART[at + 2u] = a.q0.v2;
+    WPART[at + 3u] = a.q0.v3;
+    WPART[at + 4u] = a.q1.v0;
+    WPART[at + 5u] = a.q1.v1;
+    WPART[at + 6u] = a.q1.v2;
+    WPART[at + 7u] = a.q1.v3;
+    WPART[at + 8u] = a.q2.v0;
+    WPART[at + 9u] = a.q2.v1;
+    WPART[at + 10u] = a.q2.v2;
+    WPART[at + 11u] = a.q2.v3;
+    WPART[at + 12u] = a.q3.v0;
+    WPART[at + 13u] = a.q3.v1;
+    WPART[at + 14u] = a.q3.v2;
+    WPART[at + 15u] = a.q3.v3;
+}
+
+fn wide_load_part(at: u32) -> Wide {
+    return Wide(Quad(WPART[at], WPART[at + 1u], WPART[at + 2u], WPART[at + 3u]),
+                Quad(WPART[at + 4u], WPART[at + 5u], WPART[at + 6u], WPART[at + 7u]),
+                Quad(WPART[at + 8u], WPART[at + 9u], WPART[at + 10u], WPART[at + 11u]),
+                Quad(WPART[at + 12u], WPART[at + 13u], WPART[at + 14u], WPART[at + 15u]));
+}
+
+fn wide_add_part(a: Wide, at: u32) -> Wide {
+    return Wide(Quad(a.q0.v0 + WPART[at], a.q0.v1 + WPART[at + 1u], a.q0.v2 + WPART[at + 2u],
+                     a.q0.v3 + WPART[at + 3u]),
+                Quad(a.q1.v0 + WPART[at + 4u], a.q1.v1 + WPART[at + 5u],
+                     a.q1.v2 + WPART[at + 6u], a.q1.v3 + WPART[at + 7u]),
+                Quad(a.q2.v0 + WPART[at + 8u], a.q2.v1 + WPART[at + 9u],
+                     a.q2.v2 + WPART[at + 10u], a.q2.v3 + WPART[at + 11u]),
+                Quad(a.q3.v0 + WPART[at + 12u], a.q3.v1 + WPART[at + 13u],
+                     a.q3.v2 + WPART[at + 14u], a.q3.v3 + WPART[at + 15u]));
+}
+
+// matvec.wgsl's split_sum for wide tiles: the parts of a row group's KSPLIT subgroups added in
+// part order, q = 0, 1, ... (every (row, vector) as split_sum adds it). Called by every invocation
+// of the workgroup (it holds barriers).
+fn wide_split_sum(acc: Wide, sg_id: u32, lane: u32) -> Wide {
+    if (KSPLIT == 1u) {
+        return acc;
+    }
+    workgroupBarrier();
+    if (lane == 0u) {
+        wide_store_part(16u * sg_id, acc);
+    }
+    workgroupBarrier();
+    let first = 16u * (sg_id - sg_id % KSPLIT);
+    var r = wide_load_part(first);
+    for (var q = 1u; q < KSPLIT; q++) {
+        r = wide_add_part(r, first + 16u * q);
+    }
+    return r;
+}
+
+// This subgroup's part of row group `grp` over the whole tile (zeros when it has no rows), summed
+// over the K split, as matvec.wgsl's dense_rows.
+fn wide_dense_rows(grp: Group, sg_id: u32, lane: u32, sg_size: u32) -> Wide {
+    var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
+    if (grp.live) {
+        let q = sg_id % KSPLIT;
+        acc = rows_wide(grp.row0, 1u, grp.n_rows, QUADS, q * sg_size + lane, KSPLIT * sg_size);
+    }
+    return wide_split_sum(acc, sg_id, lane);
+}
+
+// Dense tiles: workgroup (row groups, tile of ITEMS vectors x_stride apart, all present).
+// matvec_wide stores rows as matvec does; matvec_seg_wide as matvec_seg does with Y0_MODE 0 or 2.
+// The tile's first vector, its x offsets set; u32::MAX past the vectors.
+fn wide_tile(wg: vec3<u32>) -> u32 {
+    let first_item = p.item0 + (wg.y + wg.z * 65535u) * ITEMS;
+    if (first_item + ITEMS > p.items) {
+        return 0xffffffffu;
+    }
+    let base = p.x_offset + first_item * p.x_stride;
+    XQ0 = vec4<u32>(base) + vec4<u32>(0u, 1u, 2u, 3u) * p.x_stride;
+    XQ1 = XQ0 + vec4<u32>(4u * p.x_stride);
+    XQ2 = XQ1 + vec4<u32>(4u * p.x_stride);
+    XQ3 = XQ2 + vec4<u32>(4u * p.x_stride);
+    return first_item;
+}
+
+@compute @workgroup_size(WG)
+fn matvec_wide(@builtin(workgroup_id) wg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32,
+               @builtin(subgroup_id) sg_id: u32,
+               @builtin(num_subgroups) n_sg: u32,
+               @builtin(subgroup_invocation_id) lane: u32,
+               @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let first_item = wide_tile(wg);
+    if (first_item == 0xffffffffu) {
+        return;
+    }
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
+        if (!grp.live || sg_id % KSPLIT != 0u) {
+            continue;
+        }
+        // Lane v stores vectors v, v + S, ... of every row of the group.
+        for (var v = lane; v < ITEMS; v += sg_size) {
+            let at = (first_item + v) * p.y_stride + p.y_offset + grp.row0;
+            for (var j = 0u; j < ROWS; j++) {
+                if (j < grp.n_rows) {
+                    Y[at + j] = wide_value(acc, j, v);
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn matvec_seg_wide(@builtin(workgroup_id) wg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32,
+                   @builtin(subgroup_id) sg_id: u32,
+                   @builtin(num_subgroups) n_sg: u32,
+                   @builtin(subgroup_invocation_id) lane: u32,
+                   @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let first_item = wide_tile(wg);
+    if (first_item == 0xffffffffu) {
+        return;
+    }
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
+        if (!grp.live || sg_id % KSPLIT != 0u) {
+            continue;
+        }
+        for (var v = lane; v < ITEMS; v += sg_size) {
+            for (var j = 0u; j < ROWS; j++) {
+                if (j < grp.n_rows) {
+                    wide_seg_put(first_item + v, grp.row0 + j, wide_value(acc, j, v));
+                }
+            }
+        }
+    }
+}
+
+// Row `row` (part-relative) of vector `item` into its segment, as matvec_seg stores it.
+fn wide_seg_put(item: u32, row: u32, v: f32) {
+    let g = p.row_base + row;
+    var buf = 0u;
+    var stride = p.y_stride;
+    var at = p.y_offset + g;
+    if (g >= p.seg2) {
+        buf = 2u;
+        stride = p.y2_stride;
+        at = p.y2_offset + g - p.seg2;
+    } else if (g >= p.seg1) {
+        buf = 1u;
+        stride = p.y1_stride;
+        at = p.y1_offset + g - p.seg1;
+    }
+    var value = v;
+    if (Y0_MODE == 2u && buf == 0u) {
+        value = silu4(vec4<f32>(v) * p.x_scale).x;
+    }
+    put(buf, item * stride + at, value);
+}
+
+// matvec_group in wide tiles: an expert's items ITEMS at a time, the last tile's missing items
+// skipped by whole quads and padded inside a quad by repeating the last item (never stored).
+@compute @workgroup_size(WG)
+fn matvec_group_wide(@builtin(workgroup_id) wg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32,
+                     @builtin(subgroup_id) sg_id: u32,
+                     @builtin(num_subgroups) n_sg: u32,
+                     @builtin(subgroup_invocation_id) lane: u32,
+                     @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let local_expert = wg.y;
+    if (local_expert >= p.expert_count) {
+        return;
+    }
+    let expert = p.expert_first + local_expert;
+    let count = IDS[expert];
+    let list = p.group_base + expert * p.group_cap;
+    let first_row = local_expert * p.rows;
+    for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
+        let row = wg.x * p.rows_per_wg * ROWS + r;
+        if (row >= p.rows) {
+            break;
+        }
+        let n_rows = min(ROWS, p.rows - row);
+        for (var j = 0u; j < count; j += ITEMS) {
+            let nq = min(QUADS, (count - j + 3u) / 4u);
+            let last = list + count - 1u;
+            let at = list + j;
+            XQ0 = group_quad(at, last);
+            XQ1 = group_quad(at + 4u, last);
+            XQ2 = group_quad(at + 8u, last);
+            XQ3 = group_quad(at + 12u, last);
+            let acc = rows_wide(first_row + row, 1u, n_rows, nq, lane, sg_size);
+            for (var v = lane; v < ITEMS && j + v < count; v += sg_size) {
+                let item = IDS[at + v];
+                for (var jr = 0u; jr < ROWS; jr++) {
+                    if (jr < n_rows) {
+                        Y[item * p.y_stride + p.y_offset + row + jr] = wide_value(acc, jr, v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The x offsets of the 4 items listed from IDS[at] (past `last`, the last one again).
+fn group_quad(at: u32, last: u32) -> vec4<u32> {
+    return vec4<u32>(item_x(IDS[min(at, last)]), item_x(IDS[min(at + 1u, last)]),
+                     item_x(IDS[min(at + 2u, last)]), item_x(IDS[min(at + 3u, last)]));
+}
+
+// matvec_mix in wide tiles: subgroup per value i (its hc gate rows i, i + h, ..., ROWS = hc); lane
+// v mixes vector v with the same arithmetic as matvec_mix.
+@compute @workgroup_size(WG)
+fn matvec_mix_wide(@builtin(workgroup_id) wg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32,
+                   @builtin(subgroup_id) sg_id: u32,
+                   @builtin(num_subgroups) n_sg: u32,
+                   @builtin(subgroup_invocation_id) lane: u32,
+                   @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let first_item = wide_tile(wg);
+    if (first_item == 0xffffffffu) {
+        return;
+    }
+    for (var r = sg_id; r < p.rows_per_wg; r += n_sg) {
+        let i = wg.x * p.rows_per_wg + r;
+        if (i >= p.h) {
+            break;
+        }
+        let acc = rows_wide(i, p.h, p.hc, QUADS, lane, sg_size);
+        let wide = p.h * p.hc;
+        for (var v = lane; v < ITEMS; v += sg_size) {
+            let item = first_item + v;
+            let gates = wide_vector(acc, v);
+            var mix = 0.0;
+            for (var s = 0u; s < p.hc; s++) {
+                mix += sigmoid(comp(gates, s)) * AUX[item * wide + s * p.h + i];
+            }
+            Y[item * p.y_stride + p.y_offset + i] = mix * (1.0 / f32(p.hc));
+        }
+    }
+}
+
+// matvec_combine in wide tiles: lane v adds vector v's rows into its streams as matvec_combine
+// does.
+@compute @workgroup_size(WG)
+fn matvec_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32,
+                       @builtin(subgroup_id) sg_id: u32,
+                       @builtin(num_subgroups) n_sg: u32,
+                       @builtin(subgroup_invocation_id) lane: u32,
+                       @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let first_item = wide_tile(wg);
+    if (first_item == 0xffffffffu) {
+        return;
+    }
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
+        if (!grp.live || sg_id % KSPLIT != 0u) {
+            continue;
+        }
+        let wide = p.h * p.hc;
+        for (var v = lane; v < ITEMS; v += sg_size) {
+            let item = first_item + v;
+            let rows = wide_vector(acc, v);
+            for (var s = 0u; s < p.hc; s++) {
+                let alpha = 2.0 * sigmoid(AUX[item * p.hc + s] * (1.0 / f32(p.hc)));
+                for (var j = 0u; j < ROWS; j++) {
+                    if (j < grp.n_rows) {
+                        let at = item * wide + s * p.h + p.row_base + grp.row0 + j;
+                        Y[at] += alpha * comp(rows, j);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// matvec_moe_combine in wide tiles: lane q finishes the (row, vector) pairs q, q + S, ... as
+// matvec_moe_combine does.
+@compute @workgroup_size(WG)
+fn matvec_moe_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32,
+                           @builtin(subgroup_id) sg_id: u32,
+                           @builtin(num_subgroups) n_sg: u32,
+                           @builtin(subgroup_invocation_id) lane: u32,
+                           @builtin(subgroup_size) sg_size: u32) {
+    prologue(lid);
+    workgroupBarrier();
+    let first_item = wide_tile(wg);
+    if (first_item == 0xffffffffu) {
+        return;
+    }
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
+        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
+        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
+        if (!grp.live || sg_id % KSPLIT != 0u) {
+            continue;
+        }
+        let wide = p.h * p.hc;
+        for (var q = lane; q < ROWS * ITEMS; q += sg_size) {
+            let j = q / ITEMS;
+            let v = q % ITEMS;
+            if (j < grp.n_rows) {
+                let tok = first_item + v;
+                let gate = 1.0 / (1.0 + exp(-SGATE[tok]));
+                let i = p.row_base + grp.row0 + j;
+                var m = 0.0;
+                for (var slot = 0u; slot < p.slots; slot++) {
+                    let item = tok * p.slots + slot;
+                    m += RWTS[item] * ROUTED[item * p.h + i];
+                }
+                m += gate * wide_value(acc, j, v);
+                for (var s = 0u; s < p.hc; s++) {
+                    let alpha = 2.0 * (1.0 / (1.0 + exp(-(AUX[tok * p.hc + s] * (1.0 / f32(p.hc))))));
+                    Y[tok * wide + s * p.h + i] += alpha * m;
+                }
+            }
+        }
+    }
+}
