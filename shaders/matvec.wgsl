@@ -23,8 +23,7 @@
 //                 matvec_group: the items of each expert in tiles (prefill, grouped by moe_group).
 // The dense entry points may split a row over several subgroups (KSPLIT, below).
 // Prefill's wide tiles (up to 16 vectors per decoded weight) are quant/rows_wide.wgsl's entry
-// points, assembled after this file for the split layouts (`matvec_wide:<type>`); norm_store
-// (below) stores the input norm on its own for them.
+// points, assembled after this file for the split layouts (`matvec_wide:<type>`).
 // A tile's vectors start at x_base + XS.x, .y, .z, .w (XS.x = 0): evenly spaced for the dense
 // entries, gathered for matvec_group. The row bodies read them through XS only.
 
@@ -337,24 +336,6 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
     }
-}
-
-// Prefill's input norm on its own (the matvec_norm assemblies, ITEMS = 1): workgroup (slice,
-// item) stores its slice of the item's normed vector into Y2 exactly as matvec_seg's prologue
-// does (the same inverse norm, the same workgroup size, the same expression), for a wide mat-vec
-// (quant/rows_wide.wgsl) to read plainly: the same bits as the fused form.
-@compute @workgroup_size(WG)
-fn norm_store(@builtin(workgroup_id) wg: vec3<u32>,
-              @builtin(num_workgroups) n_wg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32,
-              @builtin(subgroup_id) sg_id: u32,
-              @builtin(num_subgroups) n_sg: u32,
-              @builtin(subgroup_invocation_id) lane: u32) {
-    let tile = tile_of(wg);
-    if (tile.n_items == 0u) {
-        return;
-    }
-    norm_prologue(tile, wg.x, n_wg.x, lid, lane, sg_id, n_sg);
 }
 
 fn sigmoid(v: f32) -> f32 {

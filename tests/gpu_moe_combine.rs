@@ -302,7 +302,7 @@ fn input_norm_rows_equal_a_matvec_over_the_normed_vectors() {
         (GgmlType::Q8_0, 48, 4, false, 29, 5),
         (GgmlType::IQ4_NL, 80, 2, true, 21, 4),
         (GgmlType::IQ3_S, 256, 3, false, 11, 3),
-        // Enough vectors for wide prefill tiles (the norm stored first, then the rows).
+        // Batches as wide as prefill's wide tiles (the normed input keeps tiles of 4).
         (GgmlType::Q8_0, 48, 4, false, 29, 21),
         (GgmlType::IQ4_NL, 80, 2, true, 21, 13),
         (GgmlType::Q6_K, 256, 1, true, 9, 1),

@@ -490,7 +490,7 @@ pub fn matvec_with(
     // Wide tiles where the store has a wide entry, then full tiles of TILE vectors, then the
     // remainder as tiles of its own size.
     let wide_store = match store {
-        Store::Segments { fused, .. } => !matches!(fused, SegFusion::Conv(_)),
+        Store::Segments { fused, .. } => matches!(fused, SegFusion::None),
         _ => true,
     };
     let wide = if wide_store && wide_ok(w, x, xform) {
@@ -539,17 +539,6 @@ pub fn matvec_with(
                     b.push((2, &*outs[0].buf.buffer));
                     b.push((6, &*outs[1].buf.buffer));
                     match fused {
-                        SegFusion::Norm(n) if is_wide => {
-                            // The normed vectors first, then the rows over them plainly.
-                            norm_params(w, &mut params, xform, first, n, items)?;
-                            norm_store(ctx, rec, w, &params, x, n, item0, count)?;
-                            params.x_mode = 0;
-                            params.x_offset = to_u32(n.normed.offset, "normed offset")?;
-                            params.x_stride = to_u32(n.normed.stride, "normed stride")?;
-                            b.retain(|(binding, _)| *binding != 1);
-                            b.push((1, &*n.normed.buf.buffer));
-                            b.push((7, &*outs[0].buf.buffer));
-                        }
                         SegFusion::Norm(n) => {
                             norm_params(w, &mut params, xform, first, n, items)?;
                             b.push((7, &*n.normed.buf.buffer));
@@ -672,40 +661,6 @@ pub fn matvec_with(
         }
     }
     Ok(())
-}
-
-/// Prefill's input norm on its own (`matvec.wgsl`'s `norm_store`): the normed vectors of items
-/// `item0 .. item0 + count` into `n.normed`, with the bits the fused norm stores (its parameters
-/// `norm`, as [`norm_params`] set them, and the same workgroup size).
-#[allow(clippy::too_many_arguments)]
-fn norm_store(
-    ctx: &GpuContext,
-    rec: &mut Recorder,
-    w: &GpuWeight,
-    norm: &MatvecParams,
-    x: View,
-    n: InputNorm,
-    item0: usize,
-    count: usize,
-) -> Result<(), GpuError> {
-    let params = MatvecParams {
-        item0: to_u32(item0, "first item")?,
-        ..*norm
-    };
-    // A few vec4 per invocation: each workgroup also reads its item's whole vector for the norm.
-    let slices = (w.row_len / 4).div_ceil(4 * wg_size()).max(1);
-    let (gy, gz) = item_grid(count);
-    rec.push(
-        ctx,
-        &fused_key("matvec_norm", w, "norm_store", 1, 1, 3),
-        &[
-            (1, &*x.buf.buffer),
-            (7, &*n.normed.buf.buffer),
-            (15, &*n.weight.buffer),
-        ],
-        bytemuck::bytes_of(&params),
-        [to_u32(slices, "norm slices")?, gy, gz],
-    )
 }
 
 /// The part both residual stores share: `w`'s rows are one stream's width `h`, the wide residual

@@ -134,19 +134,22 @@ pub(super) fn default_vram_budget(ctx: &GpuContext) -> Option<u64> {
     }
 }
 
-/// The plan for `budget` and the prefill chunk it was made for: chunks of
-/// [`DEFAULT_MAX_CHUNK`] when every expert then fits, else [`BUDGET_MAX_CHUNK`] (smaller
-/// activations leave more room for expert slots).
+/// The plan for `budget` and the prefill chunk it was made for: the largest of
+/// [`LARGE_MAX_CHUNK`] and [`DEFAULT_MAX_CHUNK`] with which every expert still fits, else
+/// [`BUDGET_MAX_CHUNK`] (smaller activations leave more room for expert slots). The chunk never
+/// changes a result bit (prefill equals decode at any chunk size).
 pub(super) fn plan_with_chunk(
     ctx: &GpuContext,
     gguf: &Gguf,
     context_length: usize,
     budget: u64,
 ) -> anyhow::Result<(MemoryPlan, usize)> {
-    if let Ok(plan) = plan_for_budget(ctx, gguf, context_length, DEFAULT_MAX_CHUNK, budget)
-        && plan.expert_slots >= plan.total_experts
-    {
-        return Ok((plan, DEFAULT_MAX_CHUNK));
+    for chunk in [LARGE_MAX_CHUNK, DEFAULT_MAX_CHUNK] {
+        if let Ok(plan) = plan_for_budget(ctx, gguf, context_length, chunk, budget)
+            && plan.expert_slots >= plan.total_experts
+        {
+            return Ok((plan, chunk));
+        }
     }
     let plan = plan_for_budget(ctx, gguf, context_length, BUDGET_MAX_CHUNK, budget)?;
     Ok((plan, BUDGET_MAX_CHUNK))

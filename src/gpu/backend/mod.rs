@@ -41,6 +41,9 @@ pub const DEFAULT_GPU_CONTEXT: usize = 32768;
 /// Tokens per prefill chunk with every weight resident: the routed experts of a chunk are grouped
 /// by expert, so larger chunks share each expert's weight reads among more tokens.
 pub const DEFAULT_MAX_CHUNK: usize = 512;
+/// Tokens per prefill chunk where the memory plan keeps every expert resident with room for this
+/// chunk's activations: four times the experts' weight reads shared.
+pub const LARGE_MAX_CHUNK: usize = 2048;
 /// Tokens per chunk under a VRAM budget (the planner counts the chunk's activations).
 pub const BUDGET_MAX_CHUNK: usize = 64;
 /// Logits rows a chunk can return: longer feeds that want every row run in chunks of this size.
