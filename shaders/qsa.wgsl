@@ -2,7 +2,8 @@
 //   rope:       partial NeoX rotation of `heads` vectors per row, angles from a host table
 //               (cos, sin per position and pair; GPU sin/cos of large angles is not accurate).
 //   qsa_select: per query token: score the complete blocks, keep the top `budget` (lowest block id
-//               wins ties), written ascending; with nb <= budget every block is kept.
+//               wins ties; a radix select, see select_top), written ascending; with nb <= budget
+//               every block is kept.
 //   qsa_attend: per (head, key chunk, token): partial softmax over one chunk of allowed keys;
 //   qsa_merge:  per (head, token): the chunks merged in order, times the sigmoid output gate.
 
@@ -50,7 +51,7 @@ fn rope(@builtin(global_invocation_id) id: vec3<u32>) {
 
 @group(0) @binding(2) var<storage, read> IQ: array<f32>;       // [T, heads*idim] normed, rotated
 @group(0) @binding(3) var<storage, read> BK: array<f32>;       // [blocks, idim] block keys
-@group(0) @binding(4) var<storage, read_write> SC: array<f32>; // [T, 2*max_blocks]: scores | selected flags
+@group(0) @binding(4) var<storage, read_write> SC: array<f32>; // [T, 2*max_blocks]: scores (half used)
 @group(0) @binding(5) var<storage, read_write> SEL: array<u32>; // [T, budget + 1]: count, ids
 
 const WG: u32 = 64u;
@@ -62,7 +63,6 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     let nb = (pos + 1u) / p.ratio;
     let sel = t * (p.budget + 1u);
     let sc = t * 2u * p.max_blocks;
-    let flags = sc + p.max_blocks;
     if (nb <= p.budget) {
         if (lid.x == 0u) {
             SEL[sel] = nb;
@@ -85,34 +85,120 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     }
     storageBarrier();
     workgroupBarrier();
-    // Rank of block b = blocks strictly better (higher score, or equal score and lower id).
-    // Keep rank < budget (flags live apart from the scores other invocations are still reading).
-    for (var b = lid.x; b < nb; b += WG) {
-        let v = SC[sc + b];
-        var rank = 0u;
-        for (var j = 0u; j < nb; j++) {
-            let u = SC[sc + j];
-            if (u > v || (u == v && j < b)) {
-                rank++;
-            }
-        }
-        var flag = 0.0;
-        if (rank < p.budget) {
-            flag = 1.0;
-        }
-        SC[flags + b] = flag;
+    select_top(sc, sel, nb, lid.x);
+}
+
+// The budget blocks of highest score (lowest id first among equal scores), ascending, into
+// SEL[sel + 1 ..], their count into SEL[sel]: block b is kept when fewer than `budget` blocks
+// beat it (a higher score, or the same score and a lower id). Found in O(nb) per pass rather than
+// by ranking every pair: a radix select of the budget-th largest score over its order-preserving
+// 32-bit key (4 passes of 8 bits, integer counts), then the blocks above it and the first of the
+// blocks equal to it, in id order (prefix sums over the invocations' contiguous ranges). Integer
+// work only on the scores: the same choice as the pairwise rule, whatever the timing.
+var<workgroup> HIST: array<atomic<u32>, 256>;
+var<workgroup> PICK: array<u32, 2>;
+var<workgroup> COUNTS: array<u32, WG>;
+
+// A key that orders as the float does (-0 and +0 equal).
+fn order_key(v: f32) -> u32 {
+    var k = bitcast<u32>(v);
+    if (v == 0.0) {
+        k = 0u;
     }
-    storageBarrier();
+    if ((k & 0x80000000u) != 0u) {
+        return ~k;
+    }
+    return k | 0x80000000u;
+}
+
+// Exclusive prefix sum of COUNTS (in invocation order) for invocation `lid`, and the total.
+// Called by every invocation (it holds barriers).
+fn counts_before(lid: u32, mine: u32) -> vec2<u32> {
+    COUNTS[lid] = mine;
     workgroupBarrier();
-    if (lid.x == 0u) {
-        var n = 0u;
-        for (var b = 0u; b < nb; b++) {
-            if (SC[flags + b] != 0.0) {
-                SEL[sel + 1u + n] = b;
-                n++;
+    var before = 0u;
+    var total = 0u;
+    for (var i = 0u; i < WG; i++) {
+        let c = COUNTS[i];
+        if (i < lid) {
+            before += c;
+        }
+        total += c;
+    }
+    workgroupBarrier();
+    return vec2<u32>(before, total);
+}
+
+fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
+    // The budget-th largest key, 8 bits at a time from the top; `need`: how many of the blocks
+    // equal to the bits fixed so far are still to be taken.
+    var prefix = 0u;
+    var need = p.budget;
+    for (var round = 0u; round < 4u; round++) {
+        let shift = 24u - 8u * round;
+        for (var i = lid; i < 256u; i += WG) {
+            atomicStore(&HIST[i], 0u);
+        }
+        workgroupBarrier();
+        for (var b = lid; b < nb; b += WG) {
+            let k = order_key(SC[sc + b]);
+            let high = select(k >> (shift + 8u), 0u, round == 0u);
+            if (high == prefix) {
+                atomicAdd(&HIST[(k >> shift) & 0xffu], 1u);
             }
         }
-        SEL[sel] = n;
+        workgroupBarrier();
+        if (lid == 0u) {
+            var d = 255u;
+            var above = 0u;
+            loop {
+                let c = atomicLoad(&HIST[d]);
+                if (above + c >= need || d == 0u) {
+                    break;
+                }
+                above += c;
+                d -= 1u;
+            }
+            PICK[0] = d;
+            PICK[1] = need - above;
+        }
+        workgroupBarrier();
+        prefix = (prefix << 8u) | PICK[0];
+        need = PICK[1];
+        workgroupBarrier();
+    }
+    // Blocks above the threshold key, and the first `need` equal to it, in id order: each
+    // invocation takes a contiguous range of ids.
+    let per = (nb + WG - 1u) / WG;
+    let first = min(nb, lid * per);
+    let end = min(nb, first + per);
+    var ties = 0u;
+    for (var b = first; b < end; b++) {
+        ties += u32(order_key(SC[sc + b]) == prefix);
+    }
+    let ties_before = counts_before(lid, ties).x;
+    var tie = ties_before;
+    var taken = 0u;
+    for (var b = first; b < end; b++) {
+        let k = order_key(SC[sc + b]);
+        if (k > prefix || (k == prefix && tie < need)) {
+            taken++;
+        }
+        tie += u32(k == prefix);
+    }
+    let place = counts_before(lid, taken);
+    tie = ties_before;
+    var n = place.x;
+    for (var b = first; b < end; b++) {
+        let k = order_key(SC[sc + b]);
+        if (k > prefix || (k == prefix && tie < need)) {
+            SEL[sel + 1u + n] = b;
+            n++;
+        }
+        tie += u32(k == prefix);
+    }
+    if (lid == 0u) {
+        SEL[sel] = place.y;
     }
 }
 

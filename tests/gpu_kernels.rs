@@ -1055,6 +1055,72 @@ fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     }
 }
 
+/// QSA block selection over many blocks (the radix select): the kept blocks must be exactly those
+/// that fewer than `budget` blocks beat (a higher score, or the same score and a lower id), listed
+/// ascending, checked on the scores the kernel computed. Many blocks score exactly 0 (both heads'
+/// dots negative) and some are copies of others, so the threshold falls among ties.
+#[test]
+fn qsa_select_keeps_the_top_blocks_of_many() {
+    let Some(ctx) = context() else { return };
+    let (ratio, idim, nih) = (4usize, 8usize, 2usize);
+    for (budget, pos0, tokens) in [(300usize, 3990usize, 3usize), (700, 3996, 2), (17, 300, 2)] {
+        let positions = pos0 + tokens;
+        let blocks = positions / ratio;
+        let mut block_keys = random_vec(blocks * idim, 61 + budget as u64);
+        for b in (0..blocks).step_by(7).skip(1) {
+            let src: Vec<f32> = block_keys[..idim].to_vec();
+            block_keys[b * idim..(b + 1) * idim].copy_from_slice(&src);
+        }
+        let iq = random_vec(tokens * nih * idim, 62);
+        let max_blocks = blocks + 1;
+        let (iqb, bkb) = (upload(&ctx, &iq), upload(&ctx, &block_keys));
+        let scratch = GpuBuf::zeros(&ctx, "scores", tokens * 2 * max_blocks).expect("scores");
+        let sel = GpuBuf::zeros(&ctx, "sel", tokens * (budget + 1)).expect("sel");
+        let params = QsaParams {
+            tokens: tokens as u32,
+            pos0: pos0 as u32,
+            heads: nih as u32,
+            ratio: ratio as u32,
+            budget: budget as u32,
+            idim: idim as u32,
+            max_blocks: max_blocks as u32,
+            scale: 1.0 / (idim as f32).sqrt(),
+            ..Default::default()
+        };
+        let mut rec = Recorder::new();
+        gops::qsa_select(&ctx, &mut rec, &params, &iqb, &bkb, &scratch, &sel).expect("select");
+        rec.run(&ctx).expect("run");
+        let got = sel.read_u32(&ctx, 0, tokens * (budget + 1)).expect("sel");
+        let scores = download(&ctx, &scratch, tokens * 2 * max_blocks);
+        for t in 0..tokens {
+            let nb = (pos0 + t + 1) / ratio;
+            let s = &scores[t * 2 * max_blocks..t * 2 * max_blocks + nb];
+            let zeros = s.iter().filter(|v| **v == 0.0).count();
+            assert!(
+                zeros * 10 >= nb,
+                "budget {budget}: {zeros} of {nb} scores 0"
+            );
+            let want: Vec<u32> = (0..nb)
+                .filter(|&b| {
+                    let beaten_by = (0..nb)
+                        .filter(|&j| s[j] > s[b] || (s[j] == s[b] && j < b))
+                        .count();
+                    beaten_by < budget
+                })
+                .map(|b| b as u32)
+                .collect();
+            let row = &got[t * (budget + 1)..(t + 1) * (budget + 1)];
+            let n = row[0] as usize;
+            assert_eq!(n, want.len(), "budget {budget} token {t}: count");
+            assert_eq!(
+                &row[1..1 + n],
+                &want[..],
+                "budget {budget} token {t}: blocks"
+            );
+        }
+    }
+}
+
 /// QSA block selection (top-budget with lowest-id ties, ascending list) and attention over the
 /// selection against a CPU twin (1e-5 relative).
 #[test]
