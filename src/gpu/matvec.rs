@@ -263,6 +263,17 @@ fn rows_for_tile(w: &GpuWeight, rows: usize, tile: usize) -> usize {
     }
 }
 
+/// The wide-tile twin (quant/rows_wide.wgsl) of a dense store's entry point.
+fn wide_entry(entry: &'static str) -> &'static str {
+    match entry {
+        "matvec_seg" => "matvec_seg_wide",
+        "matvec_mix" => "matvec_mix_wide",
+        "matvec_combine" => "matvec_combine_wide",
+        "matvec_moe_combine" => "matvec_moe_combine_wide",
+        _ => "matvec_wide",
+    }
+}
+
 /// Rows per subgroup for `tile`-vector tiles: [`wide_rows`] for wide tiles, else
 /// [`rows_for_tile`].
 fn tile_rows(w: &GpuWeight, rows: usize, tile: usize) -> usize {
@@ -522,8 +533,7 @@ pub fn matvec_with(
                     params.y_offset = to_u32(y.offset + part.first_row, "y offset")?;
                     b.push((2, &*y.buf.buffer));
                     let per_sg = tile_rows(w, w.n_rows, tile);
-                    let entry = if is_wide { "matvec_wide" } else { "matvec" };
-                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
+                    ("matvec", per_sg, part.n_rows.div_ceil(per_sg))
                 }
                 Store::Segments {
                     outs,
@@ -554,12 +564,7 @@ pub fn matvec_with(
                         SegFusion::None => b.push((7, &*outs[2].buf.buffer)),
                     }
                     let per_sg = tile_rows(w, w.n_rows, tile);
-                    let entry = if is_wide {
-                        "matvec_seg_wide"
-                    } else {
-                        "matvec_seg"
-                    };
-                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
+                    ("matvec_seg", per_sg, part.n_rows.div_ceil(per_sg))
                 }
                 Store::Mix { out, normed, h, hc } => {
                     if w.parts.len() != 1 || w.n_rows != h * hc || !(1..=4).contains(&hc) {
@@ -577,12 +582,7 @@ pub fn matvec_with(
                     b.push((2, &*out.buf.buffer));
                     b.push((8, &*normed.buffer));
                     // One subgroup per value i (its hc gate rows).
-                    let entry = if is_wide {
-                        "matvec_mix_wide"
-                    } else {
-                        "matvec_mix"
-                    };
-                    (entry, hc, h)
+                    ("matvec_mix", hc, h)
                 }
                 Store::MoeCombine {
                     wide,
@@ -605,12 +605,7 @@ pub fn matvec_with(
                         (12, &*logit.buffer),
                     ]);
                     let per_sg = tile_rows(w, w.n_rows, tile);
-                    let entry = if is_wide {
-                        "matvec_moe_combine_wide"
-                    } else {
-                        "matvec_moe_combine"
-                    };
-                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
+                    ("matvec_moe_combine", per_sg, part.n_rows.div_ceil(per_sg))
                 }
                 Store::Combine {
                     wide,
@@ -620,17 +615,12 @@ pub fn matvec_with(
                 } => {
                     residual_store(w, &mut params, &mut b, wide, inject, h, hc, items)?;
                     let per_sg = tile_rows(w, w.n_rows, tile);
-                    let entry = if is_wide {
-                        "matvec_combine_wide"
-                    } else {
-                        "matvec_combine"
-                    };
-                    (entry, per_sg, part.n_rows.div_ceil(per_sg))
+                    ("matvec_combine", per_sg, part.n_rows.div_ceil(per_sg))
                 }
             };
             // Row groups (of `per_sg` rows) per workgroup: one per subgroup, or per `split`
             // subgroups where a row's input is split over several (not for the mix store).
-            let split = if entry.starts_with("matvec_mix") {
+            let split = if entry == "matvec_mix" {
                 1
             } else {
                 k_split(ctx, w)
@@ -641,7 +631,7 @@ pub fn matvec_with(
             params.item0 = to_u32(item0, "first item")?;
             let (gy, gz) = item_grid(count / tile);
             let pipeline = if is_wide {
-                fused_key("matvec_wide", w, entry, per_sg, tile, 0)
+                fused_key("matvec_wide", w, wide_entry(entry), per_sg, tile, 0)
             } else if params.x_mode == 3 {
                 fused_key("matvec_norm", w, entry, per_sg, tile, 3)
             } else if y0_mode == 3 {
@@ -1123,8 +1113,7 @@ pub fn matvec_group(
         &format!("grouped expert matvec {} output", w.name),
     )?;
     let sg = subgroup_size(ctx);
-    let wide =
-        wide_items() > 0 && w.split.is_some() && xform == XForm::Plain && !any_length(w, x, xform);
+    let wide = wide_ok(w, x, xform);
     let tile = if wide { wide_items() } else { TILE };
     let per_sg = tile_rows(w, w.rows_per_unit, tile);
     let per_wg = (wg_size() / sg).max(1);
