@@ -11,7 +11,8 @@
 #   `--vram-budget ${TIER_BUDGET:-12GiB}` with the default `--experts auto` (pinned), twice: the
 #   first run writes the routing it saw to an expert profile, the second starts from it.
 #   SWEEP="A=1 B=2;A=2" (with the model stage): the model bench again under each ;-separated set
-#   of environment settings (tuning overrides such as STRATA_PREFILL_ROWS), prefill 512, decode 16.
+#   of environment settings (tuning overrides such as STRATA_PREFILL_ROWS), with SWEEP_ARGS
+#   (default "--prefill 512 --decode 16"). EXTRA_CMD: a command run last (e.g. another bench).
 #   MSWEEP="A=1;A=2": the mat-vec bench (MATVEC_TYPES, MATVEC_SHAPES) under each set of settings.
 #   The SM and memory clocks are sampled every 200 ms while the stages run (clocks.txt).
 set -uo pipefail
@@ -81,7 +82,7 @@ if [[ -n "${SWEEP:-}" && " $STAGES " == *" model "* ]]; then
     IFS=';' read -ra sets <<< "$SWEEP"
     for set in "${sets[@]}"; do
         echo "== sweep: $set" | tee -a "$OUT/sweep.txt"
-        env $set "$S" bench --model /tmp/f.gguf --prefill 512 --decode 16 2>&1 >/dev/null \
+        env $set "$S" bench --model /tmp/f.gguf ${SWEEP_ARGS:---prefill 512 --decode 16} 2>&1 >/dev/null \
             | grep -E -A7 "tok/s|prefill chunk|decode step" | tee -a "$OUT/sweep.txt"
     done
 fi
@@ -94,4 +95,9 @@ if [[ -n "${MSWEEP:-}" ]]; then
             ${MATVEC_SHAPES:+--shapes "$MATVEC_SHAPES"} 2>&1 >/dev/null | tail -n +3 \
             | tee -a "$OUT/msweep.txt"
     done
+fi
+
+if [[ -n "${EXTRA_CMD:-}" ]]; then
+    echo "== extra: $EXTRA_CMD" | tee -a "$OUT/extra.txt"
+    eval "$EXTRA_CMD" 2>&1 | tee -a "$OUT/extra.txt"
 fi

@@ -56,6 +56,35 @@ fn rope(@builtin(global_invocation_id) id: vec3<u32>) {
 
 const WG: u32 = 64u;
 
+// Block b's score for token t: sum over the indexer heads of max(q_h . k_b, 0), times the scale.
+fn block_score(t: u32, b: u32) -> f32 {
+    var total = 0.0;
+    for (var h = 0u; h < p.heads; h++) {
+        var d = 0.0;
+        for (var i = 0u; i < p.idim; i++) {
+            d += IQ[t * p.heads * p.idim + h * p.idim + i] * BK[b * p.idim + i];
+        }
+        total += max(d, 0.0);
+    }
+    return total * p.scale;
+}
+
+// Grid (block groups of WG, tokens): the scores of every block of the tokens that have more
+// blocks than the budget, one invocation per block, into SC for qsa_select. Spread over as many
+// workgroups as there are blocks: a decode step at depth 32K scores 8,192 blocks at once.
+@compute @workgroup_size(WG)
+fn qsa_score(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let t = wg.y;
+    let nb = (p.pos0 + t + 1u) / p.ratio;
+    let b = wg.x * WG + lid.x;
+    if (nb <= p.budget || b >= nb) {
+        return;
+    }
+    SC[t * 2u * p.max_blocks + b] = block_score(t, b);
+}
+
+// One workgroup per token: its selected blocks from the scores qsa_score left in SC (all of its
+// blocks when they are within the budget).
 @compute @workgroup_size(WG)
 fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let t = wg.x;
@@ -72,19 +101,6 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         }
         return;
     }
-    for (var b = lid.x; b < nb; b += WG) {
-        var total = 0.0;
-        for (var h = 0u; h < p.heads; h++) {
-            var d = 0.0;
-            for (var i = 0u; i < p.idim; i++) {
-                d += IQ[t * p.heads * p.idim + h * p.idim + i] * BK[b * p.idim + i];
-            }
-            total += max(d, 0.0);
-        }
-        SC[sc + b] = total * p.scale;
-    }
-    storageBarrier();
-    workgroupBarrier();
     select_top(sc, sel, nb, lid.x);
 }
 

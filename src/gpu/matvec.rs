@@ -936,7 +936,7 @@ pub fn matvec_expert_glu(
     check_input(w, x, XForm::Plain, items / slots)?;
     y.check(items, half, &format!("expert matvec {} output", w.name))?;
     let sg = subgroup_size(ctx);
-    let per_wg = (wg_size() / sg).max(1);
+    let per_wg = glu_rows_per_wg().unwrap_or((wg_size() / sg).max(1));
     let (gy, gz) = item_grid(items);
     let grid = ctx.grid_buffer(w.ty)?;
     for part in &w.parts {
@@ -963,6 +963,19 @@ pub fn matvec_expert_glu(
         )?;
     }
     Ok(())
+}
+
+/// Gate|up row pairs per workgroup of [`matvec_expert_glu`]: one per subgroup unless
+/// `STRATA_GLU_WG_ROWS` (1 to 256, for tuning) says otherwise; the subgroups take them in turn.
+/// A row's bits never depend on it.
+fn glu_rows_per_wg() -> Option<usize> {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("STRATA_GLU_WG_ROWS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=256).contains(n))
+    })
 }
 
 /// What [`matvec_expert_combine`] reads and where it adds: the routed experts' ids and SwiGLU
@@ -1000,14 +1013,19 @@ fn combine_wg(ctx: &GpuContext) -> usize {
     .unwrap_or_else(wg_size)
 }
 
-/// Rows of each workgroup of [`matvec_expert_combine`] (its shader's ROWS).
-const COMBINE_ROWS: usize = 2;
+/// Rows of each workgroup of [`matvec_expert_combine`] (its shader's ROWS): 2 unless
+/// `STRATA_COMBINE_ROWS` (1 to 4, for tuning) says otherwise. A row's bits never depend on it.
+fn combine_rows() -> usize {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    ROWS.get_or_init(|| env_rows("STRATA_COMBINE_ROWS"))
+        .unwrap_or(2)
+}
 
 /// Whether [`matvec_expert_combine`] can run the down projections `w` of `slots` experts per
 /// token: every expert in one part, the slots' rows fit the workgroup's table, and the adapter
 /// binds enough buffers.
 pub fn can_expert_combine(ctx: &GpuContext, w: &GpuWeight, slots: usize) -> bool {
-    w.parts.len() == 1 && slots > 0 && slots * COMBINE_ROWS <= 256 && can_moe_combine(ctx, w)
+    w.parts.len() == 1 && slots > 0 && slots * combine_rows() <= 256 && can_moe_combine(ctx, w)
 }
 
 /// The routed experts' down projections (`w`, `rows_per_unit` = h rows per expert) finishing the
@@ -1058,7 +1076,7 @@ pub fn matvec_expert_combine(
             (11, &*c.weights.buffer),
             (12, &*c.logit.buffer),
         ]);
-        let gx = to_u32(h.div_ceil(COMBINE_ROWS), "grid x")?;
+        let gx = to_u32(h.div_ceil(combine_rows()), "grid x")?;
         rec.push(
             ctx,
             &specialise(
@@ -1066,7 +1084,7 @@ pub fn matvec_expert_combine(
                     shader_name(w, any_length(w, c.x, XForm::Plain)),
                     "matvec_expert_combine",
                 ),
-                COMBINE_ROWS,
+                combine_rows(),
                 combine_wg(ctx),
                 1,
                 XForm::Plain.mode().0,

@@ -790,7 +790,12 @@ pub fn rope(
     )
 }
 
-/// Block selection per query token (see shaders/qsa.wgsl).
+/// Invocations of a `qsa_score` workgroup (shaders/qsa.wgsl `WG`): one block each.
+const QSA_SCORE_WG: usize = 64;
+
+/// Block selection per query token (see shaders/qsa.wgsl): the blocks' scores spread over many
+/// workgroups (`qsa_score`, only where some token has more blocks than the budget), then one
+/// workgroup per token selects (`qsa_select`).
 #[allow(clippy::too_many_arguments)]
 pub fn qsa_select(
     ctx: &GpuContext,
@@ -804,15 +809,31 @@ pub fn qsa_select(
     let t = params.tokens as usize;
     need(scratch, t * 2 * params.max_blocks as usize, "qsa scratch")?;
     need(selected, t * (params.budget as usize + 1), "qsa selection")?;
+    // Blocks of the chunk's last token: the most any of its tokens has.
+    let most_blocks = (params.pos0 as usize + t) / params.ratio.max(1) as usize;
+    if most_blocks > params.budget as usize {
+        if most_blocks > params.max_blocks as usize {
+            return Err(GpuError::BadArgs(format!(
+                "qsa selection: {most_blocks} blocks, room for {}",
+                params.max_blocks
+            )));
+        }
+        rec.push(
+            ctx,
+            &PipelineKey::new("qsa", "qsa_score"),
+            &[
+                (2, &*index_queries.buffer),
+                (3, &*block_keys.buffer),
+                (4, &*scratch.buffer),
+            ],
+            bytemuck::bytes_of(params),
+            [u(most_blocks.div_ceil(QSA_SCORE_WG))?, u(t)?, 1],
+        )?;
+    }
     rec.push(
         ctx,
         &PipelineKey::new("qsa", "qsa_select"),
-        &[
-            (2, &*index_queries.buffer),
-            (3, &*block_keys.buffer),
-            (4, &*scratch.buffer),
-            (5, &*selected.buffer),
-        ],
+        &[(4, &*scratch.buffer), (5, &*selected.buffer)],
         bytemuck::bytes_of(params),
         [u(t)?, 1, 1],
     )
