@@ -248,6 +248,11 @@ const ATT_WG: u32 = 256u;
 var<workgroup> wts: array<f32, ATT_CHUNK>;
 var<workgroup> kpos: array<u32, ATT_CHUNK>;
 var<workgroup> att_red: array<f32, ATT_WG>;
+// Key tiles of qsa_attend: KT_DIMS dims of each of the chunk's keys, rows padded to KT_STRIDE
+// vec4 so that neighbouring invocations' rows start in different banks.
+const KT_DIMS: u32 = 16u;
+const KT_STRIDE: u32 = 5u;
+var<workgroup> KT: array<vec4<f32>, 1280>; // ATT_CHUNK * KT_STRIDE
 
 fn key_position(t: u32, j: u32, pos: u32) -> u32 {
     if (p.dense != 0u) {
@@ -315,38 +320,40 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     let kvh = h / (p.heads / p.n_kv);
     let kv_width = p.n_kv * p.hd;
     let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
+    if (lid.x < nk) {
+        kpos[lid.x] = key_position(t, j0 + lid.x, pos);
+    }
+    workgroupBarrier();
+    // Scores: invocation j dots its key with the query as four fma chains over dims i, i+1, i+2,
+    // i+3 (in dim order), summed in a fixed order. The keys come through workgroup memory in
+    // tiles of KT_DIMS dims, each key's dims loaded by neighbouring invocations (whole cache
+    // lines) rather than one key row per invocation.
+    let kbase = kvh * p.hd;
+    let hd4 = p.hd & ~3u;
+    var d = vec4<f32>(0.0);
+    for (var i0 = 0u; i0 < hd4; i0 += KT_DIMS) {
+        let quads = min(KT_DIMS, hd4 - i0) / 4u;
+        for (var r = 0u; r < KT_DIMS / 4u; r++) {
+            let slot = r * ATT_WG + lid.x;
+            let key = slot / (KT_DIMS / 4u);
+            let quad = slot % (KT_DIMS / 4u);
+            var v = vec4<f32>(0.0);
+            if (key < nk && quad < quads) {
+                v = kc4(kpos[key] * kv_width + kbase + i0 + 4u * quad);
+            }
+            KT[key * KT_STRIDE + quad] = v;
+        }
+        workgroupBarrier();
+        if (lid.x < nk) {
+            for (var q = 0u; q < quads; q++) {
+                d = fma(q4(q0 + i0 + 4u * q), KT[lid.x * KT_STRIDE + q], d);
+            }
+        }
+        workgroupBarrier();
+    }
     var s = -3.0e38;
     if (lid.x < nk) {
-        let kp = key_position(t, j0 + lid.x, pos);
-        kpos[lid.x] = kp;
-        let k0 = kp * kv_width + kvh * p.hd;
-        // Four independent fma chains (dims i, i+1, i+2, i+3), summed in a fixed order: the loads
-        // of one step do not wait for the previous step's sums.
-        var d = vec4<f32>(0.0);
-        let hd4 = p.hd & ~3u;
-        var i = 0u;
-        // Four steps' loads issued together, then their fmas in the same order as one step at a
-        // time: the same bits, a quarter of the memory round trips in series.
-        for (; i + 16u <= hd4; i += 16u) {
-            let qa = q4(q0 + i);
-            let qb = q4(q0 + i + 4u);
-            let qc = q4(q0 + i + 8u);
-            let qd = q4(q0 + i + 12u);
-            let ka = kc4(k0 + i);
-            let kb = kc4(k0 + i + 4u);
-            let kc = kc4(k0 + i + 8u);
-            let kd = kc4(k0 + i + 12u);
-            d = fma(qa, ka, d);
-            d = fma(qb, kb, d);
-            d = fma(qc, kc, d);
-            d = fma(qd, kd, d);
-        }
-        for (; i < hd4; i += 4u) {
-            d.x = fma(Q[q0 + i], KC[k0 + i], d.x);
-            d.y = fma(Q[q0 + i + 1u], KC[k0 + i + 1u], d.y);
-            d.z = fma(Q[q0 + i + 2u], KC[k0 + i + 2u], d.z);
-            d.w = fma(Q[q0 + i + 3u], KC[k0 + i + 3u], d.w);
-        }
+        let k0 = kpos[lid.x] * kv_width + kbase;
         for (var i = hd4; i < p.hd; i++) {
             d.x = fma(Q[q0 + i], KC[k0 + i], d.x);
         }

@@ -1230,12 +1230,19 @@ fn qsa_select_and_attend_match_cpu() {
     close(&got, &want, 1e-5, "qsa attention over the selection");
 }
 
-/// Dense attention over more keys than one chunk (three chunks, the last partial; a head width
-/// that is not a multiple of 4), against a plain softmax (1e-5).
+/// Dense attention over more keys than one chunk (three chunks, the last partial) against a plain
+/// softmax (1e-5), at head widths that fill the kernel's 16-dim key tiles (32), end in a partial
+/// tile (36) and are not a multiple of 4 (38, 7).
 #[test]
 fn attention_over_several_chunks_matches_cpu() {
     let Some(ctx) = context() else { return };
-    let (heads, n_kv, hd) = (4usize, 2usize, 36usize);
+    for hd in [32usize, 36, 38, 7] {
+        attention_over_several_chunks(&ctx, hd);
+    }
+}
+
+fn attention_over_several_chunks(ctx: &GpuContext, hd: usize) {
+    let (heads, n_kv) = (4usize, 2usize);
     let (tokens, pos0) = (3usize, 600usize);
     let positions = pos0 + tokens;
     let keys = random_vec(positions * n_kv * hd, 71);
@@ -1245,14 +1252,14 @@ fn attention_over_several_chunks_matches_cpu() {
         .map(|v| v * 4.0)
         .collect();
     let (qb, kb, vb) = (
-        upload(&ctx, &queries),
-        upload(&ctx, &keys),
-        upload(&ctx, &values),
+        upload(ctx, &queries),
+        upload(ctx, &keys),
+        upload(ctx, &values),
     );
-    let sel = GpuBuf::zeros(&ctx, "sel", 1).expect("sel");
+    let sel = GpuBuf::zeros(ctx, "sel", 1).expect("sel");
     let parts =
-        GpuBuf::zeros(&ctx, "parts", gops::qsa_partials_len(tokens, heads, hd)).expect("parts");
-    let out = GpuBuf::zeros(&ctx, "out", tokens * heads * hd).expect("out");
+        GpuBuf::zeros(ctx, "parts", gops::qsa_partials_len(tokens, heads, hd)).expect("parts");
+    let out = GpuBuf::zeros(ctx, "out", tokens * heads * hd).expect("out");
     let attend = QsaParams {
         tokens: tokens as u32,
         pos0: pos0 as u32,
@@ -1265,9 +1272,9 @@ fn attention_over_several_chunks_matches_cpu() {
         ..Default::default()
     };
     let mut rec = Recorder::new();
-    gops::qsa_attend(&ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &parts, &out).expect("attend");
-    rec.run(&ctx).expect("run");
-    let got = download(&ctx, &out, tokens * heads * hd);
+    gops::qsa_attend(ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &parts, &out).expect("attend");
+    rec.run(ctx).expect("run");
+    let got = download(ctx, &out, tokens * heads * hd);
     let mut want = Vec::new();
     for t in 0..tokens {
         for h in 0..heads {
@@ -1290,7 +1297,12 @@ fn attention_over_several_chunks_matches_cpu() {
             }
         }
     }
-    close(&got, &want, 1e-5, "attention over several chunks");
+    close(
+        &got,
+        &want,
+        1e-5,
+        &format!("attention over several chunks, head width {hd}"),
+    );
 }
 
 /// Hyper-connection mixing and combination against the formulas of `model::hyper_connection`
