@@ -1,9 +1,11 @@
 // Indexed sparse attention (model-spec 2.7).
 //   rope:       partial NeoX rotation of `heads` vectors per row, angles from a host table
 //               (cos, sin per position and pair; GPU sin/cos of large angles is not accurate).
-//   qsa_select: per query token: score the complete blocks, keep the top `budget` (lowest block id
-//               wins ties; a radix select, see select_top), written ascending; with nb <= budget
-//               every block is kept.
+//   qsa_score:  per (block, query token): the complete blocks' scores, where a token has more
+//               blocks than the budget;
+//   qsa_select: per query token: keep the top `budget` of those scores (lowest block id wins
+//               ties; a radix select, see select_top), written ascending; with nb <= budget every
+//               block is kept.
 //   qsa_attend: per (head, key chunk, token): partial softmax over one chunk of allowed keys;
 //   qsa_merge:  per (head, token): the chunks merged in order, times the sigmoid output gate.
 
@@ -252,7 +254,7 @@ var<workgroup> att_red: array<f32, ATT_WG>;
 // vec4 so that neighbouring invocations' rows start in different banks.
 const KT_DIMS: u32 = 16u;
 const KT_STRIDE: u32 = 5u;
-var<workgroup> KT: array<vec4<f32>, 1280>; // ATT_CHUNK * KT_STRIDE
+var<workgroup> KT: array<vec4<f32>, ATT_CHUNK * KT_STRIDE>;
 
 fn key_position(t: u32, j: u32, pos: u32) -> u32 {
     if (p.dense != 0u) {
