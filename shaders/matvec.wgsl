@@ -3,7 +3,7 @@
 // quant/common.wgsl, one quant/<type>.wgsl and the row body of the type's layout:
 // quant/rows_split.wgsl for the split layouts (src/gpu/layout.rs), quant/rows_block.wgsl for GGUF
 // blocks. A row body supplies `rows_dot(row0, row_step, n_rows, x_base, n_items, lane, sg_size)`:
-// rows row0 + r * row_step (r < ROWS) against up to TILE vectors, reduced over the subgroup, and
+// rows row_at(row0, row_step, r) (r < ROWS) against up to TILE vectors, reduced over the subgroup, and
 // `get_rows`. Every row's bits depend only on the row, the vector and the device's subgroup size,
 // never on the number of vectors, the tile or the rows computed beside it, so prefill == decode.
 //
@@ -100,6 +100,18 @@ var<workgroup> KPART: array<vec4<f32>, 256>; // 4 rows for each of up to 64 subg
 
 // Offsets of the tile's vectors from the first one's (see the header).
 var<private> XS: vec4<u32>;
+
+// Row r of a row body's group: row0 + r * row_step, or with PAIRED (matvec_expert_glu's gate|up
+// rows) the pairs row0 + r / 2 + (r % 2) * row_step: gate j, up j, gate j + 1, up j + 1. (The same
+// rows for r < 2.)
+override PAIRED: bool = false;
+
+fn row_at(row0: u32, row_step: u32, r: u32) -> u32 {
+    if (PAIRED) {
+        return row0 + (r >> 1u) + (r & 1u) * row_step;
+    }
+    return row0 + r * row_step;
+}
 
 fn silu4(v: vec4<f32>) -> vec4<f32> {
     return v / (vec4<f32>(1.0) + exp(-v));
@@ -582,8 +594,8 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // matvec_expert for a fused gate|up weight (rows 0 .. h gate, h .. 2h up, per expert; p.h = h):
-// each subgroup computes gate row j and up row j together (ROWS = 2, row step h) and stores
-// silu(gate) * up at row j of the item's output, as xform_in_place's SwiGLU writes over the gate
+// each subgroup computes ROWS / 2 pairs of gate row j and up row j together (PAIRED rows, row step
+// h) and stores silu(gate) * up at row j of the item's output, as xform_in_place's SwiGLU writes over the gate
 // half (the same silu4 arithmetic per component), so the down projection reads it plainly.
 @compute @workgroup_size(WG)
 fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
@@ -602,15 +614,20 @@ fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
     let x_base = item_x(item);
     XS = vec4<u32>(0u);
     let first_row = it.first_row;
-    for (var r = sg_id; r < p.rows_per_wg; r += n_sg) {
-        let j = wg.x * p.rows_per_wg + r;
+    let pairs = ROWS / 2u;
+    for (var r = sg_id * pairs; r < p.rows_per_wg * pairs; r += n_sg * pairs) {
+        let j = wg.x * p.rows_per_wg * pairs + r;
         if (j >= p.h) {
             break;
         }
-        let acc = rows_dot(first_row + j, p.h, 2u, x_base, 1u, lane, sg_size);
+        let n_pairs = min(pairs, p.h - j);
+        let acc = rows_dot(first_row + j, p.h, 2u * n_pairs, x_base, 1u, lane, sg_size);
         if (lane == 0u) {
-            let h = silu4(vec4<f32>(acc.r0.x)) * vec4<f32>(acc.r1.x);
-            Y[item * p.y_stride + p.y_offset + j] = h.x;
+            let y = item * p.y_stride + p.y_offset + j;
+            Y[y] = (silu4(vec4<f32>(acc.r0.x)) * vec4<f32>(acc.r1.x)).x;
+            if (n_pairs > 1u) {
+                Y[y + 1u] = (silu4(vec4<f32>(acc.r2.x)) * vec4<f32>(acc.r3.x)).x;
+            }
         }
     }
 }

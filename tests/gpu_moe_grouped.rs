@@ -316,10 +316,17 @@ fn grouped_experts_equal_per_item_bits() {
 
 /// Decode's gate|up kernel with the SwiGLU in its store (`matvec_expert_glu`) against the plain
 /// per-item kernel followed by prefill's in-place SwiGLU (`prepare_x`): the same bits at rows
-/// `0..half` of every item, for split, block and float layouts, experts over several parts.
+/// `0..half` of every item, for split, block and float layouts, experts over several parts, with
+/// one and two gate|up pairs per subgroup, and an odd half (the last pair group short).
 #[test]
 fn glu_store_equals_swiglu_in_place_bits() {
     let Some(ctx) = context() else { return };
+    for (half, pairs) in [(32, 1), (32, 2), (7, 2), (36, 2)] {
+        glu_store_case(&ctx, half, pairs);
+    }
+}
+
+fn glu_store_case(ctx: &GpuContext, half: usize, pairs: usize) {
     for (ty, cols) in [
         (GgmlType::IQ3_S, 256),
         (GgmlType::Q8_0, 96),
@@ -327,12 +334,12 @@ fn glu_store_equals_swiglu_in_place_bits() {
         (GgmlType::IQ4_NL, 64),
         (GgmlType::F16, 40),
     ] {
-        let (n_expert, half, tokens, k) = (9usize, 32usize, 4usize, 3usize);
+        let (n_expert, tokens, k) = (9usize, 4usize, 3usize);
         let rows = 2 * half;
         let blocks = strata::quant::random_blocks(ty, n_expert * rows * cols / ty.block_size(), 95);
         let row_bytes = cols / ty.block_size() * ty.type_size();
         let w = GpuWeight::upload_with_limit(
-            &ctx,
+            ctx,
             "gate_up",
             ty,
             cols,
@@ -344,17 +351,17 @@ fn glu_store_equals_swiglu_in_place_bits() {
         .expect("upload");
         // prepare_x takes the transform's length from the weight that reads it (the down rows).
         let down =
-            GpuWeight::upload(&ctx, "down", GgmlType::F32, half, 1, 1, &[0u8; 128]).expect("down");
+            GpuWeight::upload(ctx, "down", GgmlType::F32, half, 1, 1, &vec![0u8; 4 * half]).expect("down");
         let ids = routing(tokens, k, n_expert, 11);
         let items = tokens * k;
-        let idb = GpuBuf::from_u32(&ctx, "ids", &ids).expect("ids");
-        let x = GpuBuf::from_f32(&ctx, "x", &random_vec(tokens * cols, 96)).expect("x");
+        let idb = GpuBuf::from_u32(ctx, "ids", &ids).expect("ids");
+        let x = GpuBuf::from_f32(ctx, "x", &random_vec(tokens * cols, 96)).expect("x");
         let xv = View::new(&x, 0, cols);
-        let fused = GpuBuf::zeros(&ctx, "fused", items * rows).expect("y");
-        let plain = GpuBuf::zeros(&ctx, "plain", items * rows).expect("y");
+        let fused = GpuBuf::zeros(ctx, "fused", items * rows).expect("y");
+        let plain = GpuBuf::zeros(ctx, "plain", items * rows).expect("y");
         let mut rec = Recorder::new();
-        kernels::matvec_expert_glu(
-            &ctx,
+        kernels::matvec_expert_glu_pairs(
+            ctx,
             &mut rec,
             &w,
             &idb,
@@ -362,39 +369,47 @@ fn glu_store_equals_swiglu_in_place_bits() {
             xv,
             View::new(&fused, 0, rows),
             items,
+            pairs,
         )
         .expect("glu");
-        kernels::matvec_expert(
-            &ctx,
-            &mut rec,
-            &w,
-            &idb,
-            k,
-            false,
-            xv,
-            View::new(&plain, 0, rows),
-            items,
-        )
-        .expect("plain");
-        let xf = kernels::prepare_x(
-            &ctx,
-            &mut rec,
-            &down,
-            View::new(&plain, 0, rows),
-            XForm::Swiglu { half },
-            items,
-        )
-        .expect("swiglu");
-        assert_eq!(xf, XForm::Plain, "{ty:?}: the SwiGLU ran in place");
-        rec.run(&ctx).expect("run");
-        let a = download(&ctx, &fused, items * rows);
-        let b = download(&ctx, &plain, items * rows);
+        if half.is_multiple_of(32) {
+            kernels::matvec_expert(
+                ctx,
+                &mut rec,
+                &w,
+                &idb,
+                k,
+                false,
+                xv,
+                View::new(&plain, 0, rows),
+                items,
+            )
+            .expect("plain");
+            let xf = kernels::prepare_x(
+                ctx,
+                &mut rec,
+                &down,
+                View::new(&plain, 0, rows),
+                XForm::Swiglu { half },
+                items,
+            )
+            .expect("swiglu");
+            assert_eq!(xf, XForm::Plain, "{ty:?}: the SwiGLU ran in place");
+        } else {
+            // (The in-place SwiGLU takes whole 32-value chunks: against the one-pair kernel.)
+            let y = View::new(&plain, 0, rows);
+            kernels::matvec_expert_glu_pairs(ctx, &mut rec, &w, &idb, k, xv, y, items, 1)
+                .expect("one pair");
+        }
+        rec.run(ctx).expect("run");
+        let a = download(ctx, &fused, items * rows);
+        let b = download(ctx, &plain, items * rows);
         for i in 0..items {
             let (fa, fb) = (&a[i * rows..i * rows + half], &b[i * rows..i * rows + half]);
             // (silu of a large negative gate is an exact 0, so some zeros are right.)
             assert!(fa.iter().all(|v| v.is_finite()), "{ty:?}: {fa:?}");
             assert!(fa.iter().any(|v| *v != 0.0), "{ty:?}: {fa:?}");
-            assert_eq!(bits(fa), bits(fb), "{ty:?}: item {i}");
+            assert_eq!(bits(fa), bits(fb), "{ty:?}, half {half}, {pairs} pairs: item {i}");
         }
     }
 }

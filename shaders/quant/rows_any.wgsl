@@ -63,13 +63,13 @@ fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, la
         }
         a0 = row_fma(row0, i, x, a0);
         if (ROWS > 1u) {
-            a1 = row_fma(row0 + min(1u, last) * row_step, i, x, a1);
+            a1 = row_fma(row_at(row0, row_step, min(1u, last)), i, x, a1);
         }
         if (ROWS > 2u) {
-            a2 = row_fma(row0 + min(2u, last) * row_step, i, x, a2);
+            a2 = row_fma(row_at(row0, row_step, min(2u, last)), i, x, a2);
         }
         if (ROWS > 3u) {
-            a3 = row_fma(row0 + min(3u, last) * row_step, i, x, a3);
+            a3 = row_fma(row_at(row0, row_step, min(3u, last)), i, x, a3);
         }
     }
     return Acc(reduce_items(a0, ITEMS), reduce_items(a1, ITEMS), reduce_items(a2, ITEMS),

@@ -9,18 +9,18 @@ struct RowPair {
     b: vec4<f32>,
 }
 
-// Rows row0 + r * row_step (part-relative; r < n_rows <= ROWS), two at a time (rows past n_rows
+// Rows row_at(row0, row_step, r) (part-relative; r < n_rows <= ROWS), two at a time (rows past n_rows
 // are not read; their results are zero and never stored).
 fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, lane: u32,
             sg_size: u32) -> Acc {
     let zero = vec4<f32>(0.0);
     let a = row0 * p.row_bytes;
-    let b = (row0 + row_step) * p.row_bytes;
+    let b = row_at(row0, row_step, 1u) * p.row_bytes;
     let v01 = row_pair_dot(a, b, n_rows > 1u, x_base, n_items, lane, sg_size);
     var v23 = RowPair(zero, zero);
     if (ROWS > 2u && n_rows > 2u) {
-        let c = (row0 + 2u * row_step) * p.row_bytes;
-        let d = (row0 + 3u * row_step) * p.row_bytes;
+        let c = row_at(row0, row_step, 2u) * p.row_bytes;
+        let d = row_at(row0, row_step, 3u) * p.row_bytes;
         v23 = row_pair_dot(c, d, n_rows > 3u, x_base, n_items, lane, sg_size);
     }
     return Acc(v01.a, v01.b, v23.a, v23.b);

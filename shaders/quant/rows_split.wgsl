@@ -146,7 +146,7 @@ fn row_task(row: u32, t: u32, x: TileX) -> vec4<f32> {
     return v;
 }
 
-// Rows row0 + r * row_step (part-relative; r < n_rows <= ROWS) against `n_items` vectors from
+// Rows row_at(row0, row_step, r) (part-relative; r < n_rows <= ROWS) against `n_items` vectors from
 // `x_base`; results of row r in acc.r<r> (one component per vector) after the subgroup reduction.
 // Rows past n_rows repeat the last row (read, never stored) rather than branching. Everything is
 // in named registers: no dynamically indexed array, which drivers place in slow local memory.
@@ -162,13 +162,13 @@ fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, la
         let x = load_tile_x(x_base, task_x(t));
         a0 += row_task(row0, t, x);
         if (ROWS > 1u) {
-            a1 += row_task(row0 + min(1u, last) * row_step, t, x);
+            a1 += row_task(row_at(row0, row_step, min(1u, last)), t, x);
         }
         if (ROWS > 2u) {
-            a2 += row_task(row0 + min(2u, last) * row_step, t, x);
+            a2 += row_task(row_at(row0, row_step, min(2u, last)), t, x);
         }
         if (ROWS > 3u) {
-            a3 += row_task(row0 + min(3u, last) * row_step, t, x);
+            a3 += row_task(row_at(row0, row_step, min(3u, last)), t, x);
         }
     }
     return Acc(reduce_items(a0, n_items), reduce_items(a1, n_items), reduce_items(a2, n_items),

@@ -20,10 +20,10 @@ use anyhow::Context as _;
 
 use crate::cli::load::adapter_from_env;
 use crate::cli::load::{BackendChoice, open_gguf};
-use crate::engine::Backend;
+use crate::engine::{Backend, Sequence};
 use crate::gguf::types::GgmlType;
 use crate::gpu::GpuContext;
-use crate::gpu::backend::GpuBackend;
+use crate::gpu::backend::{GpuBackend, GpuSequence};
 use crate::gpu::buffers::{GpuBuf, GpuWeight};
 use crate::gpu::kernels::{self, Recorder, View};
 use crate::gpu::pipelines::PipelineKey;
@@ -533,29 +533,54 @@ fn time_matvec(
     })
 }
 
-/// GPU time per kernel (summed over its dispatches) of one decode step after `tokens[..n-1]`.
-fn profile_decode_step(
-    backend: &Arc<GpuBackend>,
-    tokens: &[u32],
-) -> anyhow::Result<serde_json::Value> {
-    let Some((last, prompt)) = tokens.split_last() else {
-        anyhow::bail!("no tokens to profile");
-    };
-    profile_feed(backend, prompt, std::slice::from_ref(last), "decode step")
+/// The decode prompt, prefilled once: every decode measurement starts from a copy of it, so a
+/// long prompt costs one prefill rather than one per measurement.
+enum Prompted {
+    Gpu(GpuSequence),
+    Any(Box<dyn Sequence>),
 }
 
-/// GPU time per kernel of feeding `feed` (one chunk) after `prefix`, printed under `what`.
+impl Prompted {
+    fn new(
+        backend: &Arc<dyn Backend>,
+        gpu: Option<&Arc<GpuBackend>>,
+        prompt: &[u32],
+    ) -> anyhow::Result<Self> {
+        Ok(match gpu {
+            Some(b) => {
+                let mut seq = b.sequence()?;
+                seq.feed(prompt, false)?;
+                Prompted::Gpu(seq)
+            }
+            None => {
+                let mut seq = Arc::clone(backend).new_sequence()?;
+                seq.feed(prompt, false)?;
+                Prompted::Any(seq)
+            }
+        })
+    }
+
+    fn fork(&self) -> anyhow::Result<Box<dyn Sequence>> {
+        match self {
+            Prompted::Gpu(seq) => Ok(Box::new(seq.try_fork()?)),
+            Prompted::Any(seq) => seq.fork().context("the backend could not copy a sequence"),
+        }
+    }
+
+    fn fork_gpu(&self) -> anyhow::Result<GpuSequence> {
+        match self {
+            Prompted::Gpu(seq) => Ok(seq.try_fork()?),
+            Prompted::Any(_) => anyhow::bail!("not a GPU sequence"),
+        }
+    }
+}
+
+/// GPU time per kernel of `seq` feeding `feed` (one chunk), printed under `what`.
 fn profile_feed(
-    backend: &Arc<GpuBackend>,
-    prefix: &[u32],
+    mut seq: GpuSequence,
     feed: &[u32],
     what: &str,
 ) -> anyhow::Result<serde_json::Value> {
-    use crate::engine::Sequence as _;
-    let mut seq = backend.sequence()?;
-    if !prefix.is_empty() {
-        seq.feed(prefix, false)?;
-    }
     seq.set_profiling(true);
     seq.feed(feed, false)?;
     let timings = seq.take_timings();
@@ -685,11 +710,11 @@ fn bench_model(
             serde_json::json!({"tokens": n, "seconds": secs, "tokens_per_second": n as f64 / secs}),
         );
     }
-    // The prompt, one untimed decode step (its pipelines are built on first use), then the
-    // timed steps.
+    // The prompt (prefilled once: each decode measurement below starts from a copy), one untimed
+    // decode step (its pipelines are built on first use), then the timed steps.
     let tokens = bench_tokens(shortest + 1 + args.decode, vocab);
-    let mut seq = Arc::clone(&backend).new_sequence()?;
-    seq.feed(&tokens[..shortest], false)?;
+    let base = Prompted::new(&backend, gpu_backend.as_ref(), &tokens[..shortest])?;
+    let mut seq = base.fork()?;
     seq.feed(&tokens[shortest..shortest + 1], false)?;
     let mut per_token = Vec::with_capacity(args.decode);
     let start = Instant::now();
@@ -702,16 +727,19 @@ fn bench_model(
     let decode_tps = args.decode as f64 / decode_secs.max(1e-12);
     per_token.sort_by(f64::total_cmp);
     let median = per_token.get(per_token.len() / 2).copied().unwrap_or(0.0);
-    let sampled = sampled_decode(&backend, &tokens, shortest)?;
+    drop(seq);
+    let sampled = sampled_decode(&base, &tokens, shortest)?;
     let achieved = bytes_per_token.map(|b| b as f64 * decode_tps / 1e9);
     let kernels = match &gpu_backend {
-        Some(b) => Some(profile_decode_step(b, &tokens[..shortest + 1])?),
+        Some(_) => Some(profile_feed(
+            base.fork_gpu()?,
+            &tokens[shortest..shortest + 1],
+            "decode step",
+        )?),
         None => None,
     };
     let ablation = match (&gpu_backend, &kernels) {
-        (Some(b), Some(k)) if args.ablate > 0 => {
-            Some(ablate(b, &tokens[..shortest], k, args.ablate)?)
-        }
+        (Some(b), Some(k)) if args.ablate > 0 => Some(ablate(b, &base, k, args.ablate)?),
         _ => None,
     };
     // One full prefill chunk of the longest prompt.
@@ -719,7 +747,7 @@ fn bench_model(
         Some(b) => {
             let n = longest.min(b.max_chunk());
             let what = format!("prefill chunk of {n} tokens");
-            Some(profile_feed(b, &[], &bench_tokens(n, vocab), &what)?)
+            Some(profile_feed(b.sequence()?, &bench_tokens(n, vocab), &what)?)
         }
         None => None,
     };
@@ -850,11 +878,7 @@ fn bench_model(
 /// with the default sampling settings: sampling from the first candidates a top-only pass returns
 /// (on the GPU the logits row stays there), then from the whole row read back, as a server's
 /// sampled requests do. One untimed step of each kind first: it builds that kind's pipelines.
-fn sampled_decode(
-    backend: &Arc<dyn Backend>,
-    tokens: &[u32],
-    prompt: usize,
-) -> anyhow::Result<(f64, f64)> {
+fn sampled_decode(base: &Prompted, tokens: &[u32], prompt: usize) -> anyhow::Result<(f64, f64)> {
     let params = crate::sampler::SamplingParams {
         seed: Some(1),
         ..Default::default()
@@ -865,8 +889,7 @@ fn sampled_decode(
         let k = sampler
             .top_only()
             .context("the default sampling settings take the candidate path")?;
-        let mut seq = Arc::clone(backend).new_sequence()?;
-        seq.feed(&tokens[..prompt], false)?;
+        let mut seq = base.fork()?;
         let mut steps = Vec::new();
         for (pos, &t) in tokens.iter().enumerate().skip(prompt) {
             let start = Instant::now();
@@ -891,14 +914,14 @@ fn sampled_decode(
 const ABLATE_STEPS: usize = 16;
 
 /// Median decode step (host wall) with each of the `n` costliest kernels of `profile` left out in
-/// turn, after `prompt`, with the full step timed before and after them (see `Args::ablate`).
+/// turn, from a copy of the prompted sequence `base`, with the full step timed before and after
+/// them (see `Args::ablate`).
 fn ablate(
     backend: &Arc<GpuBackend>,
-    prompt: &[u32],
+    base: &Prompted,
     profile: &serde_json::Value,
     n: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    use crate::engine::Sequence as _;
     let labels: Vec<String> = profile["by_kernel"]
         .as_array()
         .map(|a| {
@@ -910,8 +933,7 @@ fn ablate(
         .unwrap_or_default();
     let vocab = backend.info().vocab_size;
     let feed = bench_tokens(ABLATE_STEPS * (labels.len() + 2), vocab);
-    let mut seq = backend.sequence()?;
-    seq.feed(prompt, false)?;
+    let mut seq = base.fork_gpu()?;
     let mut runs: Vec<(Option<String>, Result<f64, String>)> = Vec::new();
     let mut sets: Vec<Option<String>> = vec![None];
     sets.extend(labels.into_iter().map(Some));
@@ -931,8 +953,7 @@ fn ablate(
         crate::gpu::kernels::set_ablated(None);
         if failed.is_some() {
             // A left-out kernel may leave values a check rejects: start over, untimed.
-            seq = backend.sequence()?;
-            seq.feed(prompt, false)?;
+            seq = base.fork_gpu()?;
         }
         steps.sort_by(f64::total_cmp);
         let timed = match failed {

@@ -925,6 +925,26 @@ pub fn matvec_expert_glu(
     y: View,
     items: usize,
 ) -> Result<(), GpuError> {
+    matvec_expert_glu_pairs(ctx, rec, w, ids, slots, x, y, items, glu_pairs())
+}
+
+/// [`matvec_expert_glu`] with `pairs` (1 or 2) gate|up row pairs per subgroup; the same bits
+/// whatever `pairs` is.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_expert_glu_pairs(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    ids: &GpuBuf,
+    slots: usize,
+    x: View,
+    y: View,
+    items: usize,
+    pairs: usize,
+) -> Result<(), GpuError> {
+    if !(1..=2).contains(&pairs) {
+        return Err(GpuError::BadArgs(format!("{pairs} gate|up pairs per subgroup")));
+    }
     check_expert_items(w, ids, slots, items)?;
     if !w.rows_per_unit.is_multiple_of(2) {
         return Err(GpuError::BadArgs(format!(
@@ -946,17 +966,18 @@ pub fn matvec_expert_glu(
         b.push((1, &*x.buf.buffer));
         b.push((2, &*y.buf.buffer));
         b.push((3, &*ids.buffer));
-        let gx = to_u32(half.div_ceil(per_wg), "grid x")?;
+        let gx = to_u32(half.div_ceil(per_wg * pairs), "grid x")?;
         rec.push(
             ctx,
             &key(
                 w,
                 any_length(w, x, XForm::Plain),
                 "matvec_expert_glu",
-                2,
+                2 * pairs,
                 1,
                 XForm::Plain,
-            ),
+            )
+            .constant("PAIRED", 1.0),
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],
@@ -965,8 +986,9 @@ pub fn matvec_expert_glu(
     Ok(())
 }
 
-/// Gate|up row pairs per workgroup of [`matvec_expert_glu`]: one per subgroup unless
-/// `STRATA_GLU_WG_ROWS` (1 to 256, for tuning) says otherwise; the subgroups take them in turn.
+/// Row groups (of [`glu_pairs`] gate|up pairs) per workgroup of [`matvec_expert_glu`]: one per
+/// subgroup unless `STRATA_GLU_WG_ROWS` (1 to 256, for tuning) says otherwise; the subgroups take
+/// them in turn.
 /// A row's bits never depend on it.
 fn glu_rows_per_wg() -> Option<usize> {
     static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
@@ -975,6 +997,19 @@ fn glu_rows_per_wg() -> Option<usize> {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|n| (1..=256).contains(n))
+    })
+}
+
+/// Gate|up row pairs per subgroup of [`matvec_expert_glu`] (the shader's ROWS / 2): 1 unless
+/// `STRATA_GLU_PAIRS` (1 or 2, for tuning) says otherwise. A row's bits never depend on it.
+fn glu_pairs() -> usize {
+    static PAIRS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAIRS.get_or_init(|| {
+        std::env::var("STRATA_GLU_PAIRS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [1, 2].contains(n))
+            .unwrap_or(1)
     })
 }
 
@@ -1014,12 +1049,14 @@ fn combine_wg(ctx: &GpuContext, slots: usize) -> usize {
     .unwrap_or_else(|| per_slot.clamp(wg_size(), limit.max(wg_size())))
 }
 
-/// Rows of each workgroup of [`matvec_expert_combine`] (its shader's ROWS): 2 unless
+/// Rows of each workgroup of [`matvec_expert_combine`] (its shader's ROWS): 4 unless
 /// `STRATA_COMBINE_ROWS` (1 to 4, for tuning) says otherwise. A row's bits never depend on it.
+/// (H200, 8 layers, 64 decode steps: the kernel 273 -> 215 us per step against 2 rows, decode
+/// 305-315 -> 331-340 tok/s.)
 fn combine_rows() -> usize {
     static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     ROWS.get_or_init(|| env_rows("STRATA_COMBINE_ROWS"))
-        .unwrap_or(2)
+        .unwrap_or(4)
 }
 
 /// Whether [`matvec_expert_combine`] can run the down projections `w` of `slots` experts per

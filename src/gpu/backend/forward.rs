@@ -201,6 +201,7 @@ impl GpuSequence {
     ) -> Result<Got, EngineError> {
         let pos0 = self.tokens.len();
         let t = chunk.len();
+        let started = std::time::Instant::now();
         self.tokens.extend_from_slice(chunk);
         let b = Arc::clone(&self.backend);
         let c = &*b.ctx;
@@ -268,6 +269,12 @@ impl GpuSequence {
         if let Some(t) = &timestamps {
             self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);
         }
+        tracing::debug!(
+            pos0,
+            tokens = t,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "chunk fed"
+        );
         let last = pos0 + t - 1;
         let bad_logits = |position| EngineError::NonFinite {
             stage: "GPU logits".into(),

@@ -66,7 +66,7 @@ impl GpuSequence {
 
 impl GpuSequence {
     /// A deep copy: a fresh sequence whose state buffers are GPU-side copies of ours.
-    pub(super) fn try_fork(&self) -> Result<GpuSequence, GpuError> {
+    pub fn try_fork(&self) -> Result<GpuSequence, GpuError> {
         let mut copy = GpuSequence::new(Arc::clone(&self.backend))?;
         let c = &*self.backend.ctx;
         let mut encoder = c
