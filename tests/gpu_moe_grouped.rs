@@ -350,8 +350,8 @@ fn glu_store_case(ctx: &GpuContext, half: usize, pairs: usize) {
         )
         .expect("upload");
         // prepare_x takes the transform's length from the weight that reads it (the down rows).
-        let down =
-            GpuWeight::upload(ctx, "down", GgmlType::F32, half, 1, 1, &vec![0u8; 4 * half]).expect("down");
+        let down = GpuWeight::upload(ctx, "down", GgmlType::F32, half, 1, 1, &vec![0u8; 4 * half])
+            .expect("down");
         let ids = routing(tokens, k, n_expert, 11);
         let items = tokens * k;
         let idb = GpuBuf::from_u32(ctx, "ids", &ids).expect("ids");
@@ -409,7 +409,11 @@ fn glu_store_case(ctx: &GpuContext, half: usize, pairs: usize) {
             // (silu of a large negative gate is an exact 0, so some zeros are right.)
             assert!(fa.iter().all(|v| v.is_finite()), "{ty:?}: {fa:?}");
             assert!(fa.iter().any(|v| *v != 0.0), "{ty:?}: {fa:?}");
-            assert_eq!(bits(fa), bits(fb), "{ty:?}, half {half}, {pairs} pairs: item {i}");
+            assert_eq!(
+                bits(fa),
+                bits(fb),
+                "{ty:?}, half {half}, {pairs} pairs: item {i}"
+            );
         }
     }
 }

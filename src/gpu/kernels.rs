@@ -312,5 +312,6 @@ impl<'a> View<'a> {
 pub use super::matvec::{
     ConvStore, ExpertCombine, InputNorm, SegFusion, Store, XForm, can_expert_combine,
     can_moe_combine, can_norm_input, get_rows, matvec, matvec_expert, matvec_expert_combine,
-    matvec_expert_glu, matvec_expert_glu_pairs, matvec_expert_with, matvec_group, matvec_with, prepare_x,
+    matvec_expert_glu, matvec_expert_glu_pairs, matvec_expert_with, matvec_group, matvec_with,
+    prepare_x,
 };

@@ -943,7 +943,9 @@ pub fn matvec_expert_glu_pairs(
     pairs: usize,
 ) -> Result<(), GpuError> {
     if !(1..=2).contains(&pairs) {
-        return Err(GpuError::BadArgs(format!("{pairs} gate|up pairs per subgroup")));
+        return Err(GpuError::BadArgs(format!(
+            "{pairs} gate|up pairs per subgroup"
+        )));
     }
     check_expert_items(w, ids, slots, items)?;
     if !w.rows_per_unit.is_multiple_of(2) {
