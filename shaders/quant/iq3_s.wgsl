@@ -7,15 +7,13 @@ const QK: u32 = 256u;
 const BODY_BYTES: u32 = 108u;
 const TASKS_PER_BLOCK: u32 = 8u;
 
-// The 512-entry grid in workgroup memory (filled by the prologue), or read from the storage
-// buffer (through the cache) where GRID_SHARED is off: the same values either way.
+// The 512-entry grid in workgroup memory (filled by the prologue).
 var<workgroup> GRIDS: array<u32, 512>;
-override GRID_SHARED: bool = true;
 
 // Invocations 0..64 copy 8 entries each, every load issued before any store: one memory latency
 // per workgroup, not one per entry.
 fn prologue(lid: u32) {
-    if (GRID_SHARED && lid < 64u) {
+    if (lid < 64u) {
         let e0 = GRID[lid];
         let e1 = GRID[lid + 64u];
         let e2 = GRID[lid + 128u];
@@ -43,13 +41,7 @@ fn task_x(t: u32) -> vec2<u32> {
 // (A 16-entry table of sign masks in workgroup memory was tried: the IQ3_S prefill mat-vec took
 // 406 ms per 512-token chunk on the H200 against 368 ms with these shifts.)
 fn iq3s_codes(entry: u32, signs4: u32) -> vec4<f32> {
-    var g: u32;
-    if (GRID_SHARED) {
-        g = GRIDS[entry];
-    } else {
-        g = GRID[entry];
-    }
-    let v = bytes_f32(g, 0.0);
+    let v = bytes_f32(GRIDS[entry], 0.0);
     let neg = ((vec4<u32>(signs4) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(31u);
     return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ neg);
 }

@@ -322,19 +322,7 @@ fn key(
     xform: XForm,
 ) -> PipelineKey {
     let key = PipelineKey::new(shader_name(w, any), entry);
-    let key = specialise(key, rows_per_sg, wg_size(), items, xform.mode().0);
-    if w.ty == crate::gguf::types::GgmlType::IQ3_S && iq3s_grid_global() {
-        return key.constant("GRID_SHARED", 0.0);
-    }
-    key
-}
-
-/// `STRATA_IQ3S_GRID=global` (for tuning): the IQ3_S decode mat-vecs read the codebook through
-/// the cache instead of copying it into workgroup memory first. The same values, so the same
-/// bits.
-fn iq3s_grid_global() -> bool {
-    static GLOBAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *GLOBAL.get_or_init(|| std::env::var("STRATA_IQ3S_GRID").is_ok_and(|v| v == "global"))
+    specialise(key, rows_per_sg, wg_size(), items, xform.mode().0)
 }
 
 /// [`key`] for a fused assembly (`matvec_norm`: X_MODE 3, [`InputNorm`]; `matvec_conv`:
