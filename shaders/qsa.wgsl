@@ -8,6 +8,8 @@
 //               block is kept.
 //   qsa_attend: per (head, key chunk, token): partial softmax over one chunk of allowed keys;
 //   qsa_merge:  per (head, token): the chunks merged in order, times the sigmoid output gate.
+//   kv_pack:    `--kv f16`: a chunk's keys or values (f32, normed and rotated) rounded into the
+//               f16 cache, two per word in a flat array over the tokens (KV_F16 reads them).
 
 struct Params {
     tokens: u32,
@@ -221,15 +223,31 @@ fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
 }
 
 @group(0) @binding(6) var<storage, read> Q: array<f32>;   // [T, heads * 2 * hd] (query, gate per head)
-@group(0) @binding(7) var<storage, read> KC: array<f32>;  // [ctx, n_kv * hd]
-@group(0) @binding(8) var<storage, read> VC: array<f32>;  // [ctx, n_kv * hd]
+// The caches, [ctx, n_kv * hd]: f32 values as their bits, or with KV_F16 two f16 per word.
+@group(0) @binding(7) var<storage, read> KC: array<u32>;
+@group(0) @binding(8) var<storage, read> VC: array<u32>;
+override KV_F16: bool = false;
+
+fn key_at(i: u32) -> f32 {
+    if (KV_F16) {
+        return unpack2x16float(KC[i >> 1u])[i & 1u];
+    }
+    return bitcast<f32>(KC[i]);
+}
+
+fn value_at(i: u32) -> f32 {
+    if (KV_F16) {
+        return unpack2x16float(VC[i >> 1u])[i & 1u];
+    }
+    return bitcast<f32>(VC[i]);
+}
 
 fn q4(at: u32) -> vec4<f32> {
     return vec4<f32>(Q[at], Q[at + 1u], Q[at + 2u], Q[at + 3u]);
 }
 
 fn kc4(at: u32) -> vec4<f32> {
-    return vec4<f32>(KC[at], KC[at + 1u], KC[at + 2u], KC[at + 3u]);
+    return vec4<f32>(key_at(at), key_at(at + 1u), key_at(at + 2u), key_at(at + 3u));
 }
 @group(0) @binding(9) var<storage, read> SELR: array<u32>;
 @group(0) @binding(10) var<storage, read_write> OUT: array<f32>; // [T, heads * hd]
@@ -357,7 +375,7 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     if (lid.x < nk) {
         let k0 = kpos[lid.x] * kv_width + kbase;
         for (var i = hd4; i < p.hd; i++) {
-            d.x = fma(Q[q0 + i], KC[k0 + i], d.x);
+            d.x = fma(Q[q0 + i], key_at(k0 + i), d.x);
         }
         s = ((d.x + d.y) + (d.z + d.w)) * p.scale;
     }
@@ -381,27 +399,27 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         var j = 0u;
         // As above: four steps' loads first, then the fmas in step order.
         for (; j + 16u <= nk4; j += 16u) {
-            let va = vec4<f32>(VC[kpos[j] * kv_width + v0], VC[kpos[j + 1u] * kv_width + v0],
-                               VC[kpos[j + 2u] * kv_width + v0], VC[kpos[j + 3u] * kv_width + v0]);
-            let vb = vec4<f32>(VC[kpos[j + 4u] * kv_width + v0], VC[kpos[j + 5u] * kv_width + v0],
-                               VC[kpos[j + 6u] * kv_width + v0], VC[kpos[j + 7u] * kv_width + v0]);
-            let vc = vec4<f32>(VC[kpos[j + 8u] * kv_width + v0], VC[kpos[j + 9u] * kv_width + v0],
-                               VC[kpos[j + 10u] * kv_width + v0], VC[kpos[j + 11u] * kv_width + v0]);
-            let vd = vec4<f32>(VC[kpos[j + 12u] * kv_width + v0], VC[kpos[j + 13u] * kv_width + v0],
-                               VC[kpos[j + 14u] * kv_width + v0], VC[kpos[j + 15u] * kv_width + v0]);
+            let va = vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
+                               value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
+            let vb = vec4<f32>(value_at(kpos[j + 4u] * kv_width + v0), value_at(kpos[j + 5u] * kv_width + v0),
+                               value_at(kpos[j + 6u] * kv_width + v0), value_at(kpos[j + 7u] * kv_width + v0));
+            let vc = vec4<f32>(value_at(kpos[j + 8u] * kv_width + v0), value_at(kpos[j + 9u] * kv_width + v0),
+                               value_at(kpos[j + 10u] * kv_width + v0), value_at(kpos[j + 11u] * kv_width + v0));
+            let vd = vec4<f32>(value_at(kpos[j + 12u] * kv_width + v0), value_at(kpos[j + 13u] * kv_width + v0),
+                               value_at(kpos[j + 14u] * kv_width + v0), value_at(kpos[j + 15u] * kv_width + v0));
             acc = fma(vec4<f32>(wts[j], wts[j + 1u], wts[j + 2u], wts[j + 3u]), va, acc);
             acc = fma(vec4<f32>(wts[j + 4u], wts[j + 5u], wts[j + 6u], wts[j + 7u]), vb, acc);
             acc = fma(vec4<f32>(wts[j + 8u], wts[j + 9u], wts[j + 10u], wts[j + 11u]), vc, acc);
             acc = fma(vec4<f32>(wts[j + 12u], wts[j + 13u], wts[j + 14u], wts[j + 15u]), vd, acc);
         }
         for (; j < nk4; j += 4u) {
-            acc.x = fma(wts[j], VC[kpos[j] * kv_width + v0], acc.x);
-            acc.y = fma(wts[j + 1u], VC[kpos[j + 1u] * kv_width + v0], acc.y);
-            acc.z = fma(wts[j + 2u], VC[kpos[j + 2u] * kv_width + v0], acc.z);
-            acc.w = fma(wts[j + 3u], VC[kpos[j + 3u] * kv_width + v0], acc.w);
+            acc.x = fma(wts[j], value_at(kpos[j] * kv_width + v0), acc.x);
+            acc.y = fma(wts[j + 1u], value_at(kpos[j + 1u] * kv_width + v0), acc.y);
+            acc.z = fma(wts[j + 2u], value_at(kpos[j + 2u] * kv_width + v0), acc.z);
+            acc.w = fma(wts[j + 3u], value_at(kpos[j + 3u] * kv_width + v0), acc.w);
         }
         for (var j = nk4; j < nk; j++) {
-            acc.x = fma(wts[j], VC[kpos[j] * kv_width + v0], acc.x);
+            acc.x = fma(wts[j], value_at(kpos[j] * kv_width + v0), acc.x);
         }
         PART[out + 2u + i] = (acc.x + acc.y) + (acc.z + acc.w);
     }
@@ -434,4 +452,32 @@ fn qsa_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         let gate = 1.0 / (1.0 + exp(-Q[q0 + p.hd + i]));
         OUT[t * p.heads * p.hd + h * p.hd + i] = acc / total * gate;
     }
+}
+
+// `--kv f16`: elements p.off .. p.off + p.row_stride of the flat f16 cache KVP from KVS (f32, in
+// order), one invocation per word: a word's half before p.off keeps its value (the token before
+// the chunk), a half past the chunk is 0 until its token comes. Each value is rounded once, the
+// same whatever the chunk.
+@group(0) @binding(12) var<storage, read> KVS: array<f32>;
+@group(0) @binding(13) var<storage, read_write> KVP: array<u32>;
+
+@compute @workgroup_size(64)
+fn kv_pack(@builtin(global_invocation_id) id: vec3<u32>) {
+    let first = p.off;
+    let end = p.off + p.row_stride;
+    let w = first / 2u + id.x;
+    if (2u * w >= end) {
+        return;
+    }
+    let old = unpack2x16float(KVP[w]);
+    var v = vec2<f32>(0.0);
+    if (2u * w < first) {
+        v.x = old.x;
+    } else {
+        v.x = KVS[2u * w - first];
+    }
+    if (2u * w + 1u < end) {
+        v.y = KVS[2u * w + 1u - first];
+    }
+    KVP[w] = pack2x16float(v);
 }

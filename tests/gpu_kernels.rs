@@ -12,6 +12,7 @@ use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, View};
+use strata::model::config::KvType;
 
 /// The repository root: `STRATA_REPO` when set (a test binary carried to another machine, where
 /// the compile-time path does not exist), else the crate directory.
@@ -1175,7 +1176,19 @@ fn qsa_select_and_attend_match_cpu() {
     gops::qsa_select(&ctx, &mut rec, &select, &iqb, &bkb, &scratch, &sel).expect("select");
     let parts =
         GpuBuf::zeros(&ctx, "parts", gops::qsa_partials_len(tokens, heads, hd)).expect("parts");
-    gops::qsa_attend(&ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &parts, &out).expect("attend");
+    gops::qsa_attend(
+        &ctx,
+        &mut rec,
+        &attend,
+        &qb,
+        &kb,
+        &vb,
+        &sel,
+        &parts,
+        &out,
+        KvType::F32,
+    )
+    .expect("attend");
     rec.run(&ctx).expect("run");
     let got_sel = sel.read_u32(&ctx, 0, tokens * (budget + 1)).expect("sel");
     let got = download(&ctx, &out, tokens * heads * hd);
@@ -1272,7 +1285,19 @@ fn attention_over_several_chunks(ctx: &GpuContext, hd: usize) {
         ..Default::default()
     };
     let mut rec = Recorder::new();
-    gops::qsa_attend(ctx, &mut rec, &attend, &qb, &kb, &vb, &sel, &parts, &out).expect("attend");
+    gops::qsa_attend(
+        ctx,
+        &mut rec,
+        &attend,
+        &qb,
+        &kb,
+        &vb,
+        &sel,
+        &parts,
+        &out,
+        KvType::F32,
+    )
+    .expect("attend");
     rec.run(ctx).expect("run");
     let got = download(ctx, &out, tokens * heads * hd);
     let mut want = Vec::new();

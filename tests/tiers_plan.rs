@@ -354,6 +354,15 @@ fn real_widths_plan_a_12_gib_gpu() {
     // 12 QSA layers × (2 × 256 × 2 + 128) values × 4 bytes.
     assert_eq!(plan.kv_bytes_per_token, 55_296);
     assert_eq!(plan.kv_bytes, 55_296 * 32_768);
+    // `--kv f16`: keys and values in 2 bytes each, the indexer keys still f32.
+    let limits = PlanLimits {
+        kv_value_bytes: 2,
+        ..h200_limits()
+    };
+    let half = MemoryPlan::compute_from(&config, &tensors, 32_768, budget, &limits)
+        .expect("f16 cache plan");
+    assert_eq!(half.kv_bytes_per_token, 12 * (2 * 256 * 2 * 2 + 128 * 4));
+    assert_eq!(half.kv_bytes, 30_720 * 32_768);
     // 36 GDN layers × (3 × 10240 + 48 × 128 × 128) + 9 × 10240 PLE conv values, f32 (≈ 3.1 MiB per
     // GDN layer and 360 KiB for PLE, model-spec §2.11).
     assert_eq!(plan.state_bytes, (36 * 817_152 + 92_160) * 4);

@@ -25,6 +25,9 @@ pub struct Args {
     /// Context length (tokens per sequence) the `--plan` KV cache is sized for.
     #[arg(long, default_value_t = 8192)]
     pub ctx: usize,
+    /// The `--plan` KV cache's storage type (as `serve --kv`).
+    #[arg(long, value_enum, default_value_t = crate::model::config::KvType::F32)]
+    pub kv: crate::model::config::KvType,
     /// Print one machine-readable JSON document (metadata values in full).
     #[arg(long)]
     pub json: bool,
@@ -57,7 +60,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &gguf,
             args.ctx,
             args.vram_budget,
-            &crate::tiers::PlanLimits::default(),
+            &crate::tiers::PlanLimits {
+                kv_value_bytes: args.kv.value_bytes() as u64,
+                ..crate::tiers::PlanLimits::default()
+            },
         )
         .with_context(|| format!("planning {} for a VRAM budget", path.display()))?;
         return write_stdout(&format!("{plan}\n"));

@@ -176,11 +176,11 @@ pub fn load_backend_with(
     tiers: &TierArgs,
 ) -> anyhow::Result<Arc<dyn Backend>> {
     match choice {
-        BackendChoice::Cpu => load_cpu(gguf, ctx),
+        BackendChoice::Cpu => load_cpu(gguf, ctx, tiers.kv),
         BackendChoice::Auto => {
             if let Some(reason) = gpu_unusable_reason(&gguf) {
                 eprintln!("strata: --backend auto: using the CPU because {reason}");
-                return load_cpu(gguf, ctx);
+                return load_cpu(gguf, ctx, tiers.kv);
             }
             match load_for_cli_with(gguf.clone(), ctx, false, tiers)? {
                 Some(backend) => Ok(backend),
@@ -190,13 +190,13 @@ pub fn load_backend_with(
                          up (see any warning above; --backend gpu shows the error, RUST_LOG=info \
                          the details)"
                     );
-                    load_cpu(gguf, ctx)
+                    load_cpu(gguf, ctx, tiers.kv)
                 }
             }
         }
         BackendChoice::Gpu => match load_for_cli_with(gguf.clone(), ctx, true, tiers)? {
             Some(backend) => Ok(backend),
-            None => load_cpu(gguf, ctx),
+            None => load_cpu(gguf, ctx, tiers.kv),
         },
     }
 }
@@ -253,12 +253,17 @@ pub fn gpu_unusable_reason(gguf: &Gguf) -> Option<String> {
     None
 }
 
-fn load_cpu(gguf: Arc<Gguf>, ctx: usize) -> anyhow::Result<Arc<dyn Backend>> {
+fn load_cpu(
+    gguf: Arc<Gguf>,
+    ctx: usize,
+    kv: crate::model::config::KvType,
+) -> anyhow::Result<Arc<dyn Backend>> {
     let name = gguf.name().to_string();
     let mut progress = LoadProgress::new();
-    let backend =
+    let mut backend =
         CpuBackend::load_with_progress(gguf, ctx, &mut |done, total| progress.update(done, total))
             .with_context(|| format!("loading {name} on the CPU"))?;
+    backend.set_kv(kv);
     progress.finish();
     Ok(Arc::new(backend))
 }

@@ -5,6 +5,7 @@ use super::buffers::GpuBuf;
 use super::kernels::Recorder;
 use super::pipelines::PipelineKey;
 use super::{GpuContext, GpuError};
+use crate::model::config::KvType;
 
 fn u(v: usize) -> Result<u32, GpuError> {
     u32::try_from(v).map_err(|_| GpuError::BadArgs(format!("{v} does not fit in u32")))
@@ -741,6 +742,42 @@ pub struct QsaParams {
     pub scale: f32,
 }
 
+/// `--kv f16`: the `count` values of `stage` (f32) rounded into the flat f16 cache `cache` from
+/// value `first` on (`qsa.wgsl`'s `kv_pack`; the values before `first` are kept).
+pub fn kv_pack(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    stage: &GpuBuf,
+    cache: &GpuBuf,
+    first: usize,
+    count: usize,
+) -> Result<(), GpuError> {
+    need(stage, count, "kv stage")?;
+    let end = first + count;
+    if cache.len < end.div_ceil(2) {
+        return Err(GpuError::BadArgs(format!(
+            "f16 cache of {} words: values {first}..{end} do not fit",
+            cache.len
+        )));
+    }
+    let words = end.div_ceil(2) - first / 2;
+    if words.div_ceil(64) > 65535 {
+        return Err(GpuError::BadArgs(format!("kv pack of {count} values")));
+    }
+    let params = QsaParams {
+        off: u(first)?,
+        row_stride: u(count)?,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("qsa", "kv_pack"),
+        &[(12, &*stage.buffer), (13, &*cache.buffer)],
+        bytemuck::bytes_of(&params),
+        [u(words.div_ceil(64))?, 1, 1],
+    )
+}
+
 /// Rotate `heads` vectors per row in place (positions pos0 + t*pos_step).
 #[allow(clippy::too_many_arguments)]
 pub fn rope(
@@ -862,11 +899,16 @@ pub fn qsa_attend(
     selected: &GpuBuf,
     partials: &GpuBuf,
     out: &GpuBuf,
+    kv: KvType,
 ) -> Result<(), GpuError> {
     let t = params.tokens as usize;
     let h = params.heads as usize;
     let hd = params.hd as usize;
     let chunks = QSA_MAX_KEYS.div_ceil(QSA_CHUNK);
+    let attend = match kv {
+        KvType::F32 => PipelineKey::new("qsa", "qsa_attend"),
+        KvType::F16 => PipelineKey::new("qsa", "qsa_attend").constant("KV_F16", 1.0),
+    };
     need(partials, qsa_partials_len(t, h, hd), "qsa partials")?;
     let params = QsaParams {
         max_blocks: u(chunks)?,
@@ -881,7 +923,7 @@ pub fn qsa_attend(
     need(out, t * h * hd, "qsa output")?;
     rec.push(
         ctx,
-        &PipelineKey::new("qsa", "qsa_attend"),
+        &attend,
         &[
             (6, &*queries.buffer),
             (7, &*keys.buffer),

@@ -56,13 +56,13 @@ pub fn plan_for_budget(
     context_length: usize,
     prefill_chunk: usize,
     budget: u64,
+    kv_value_bytes: u64,
 ) -> anyhow::Result<MemoryPlan> {
-    Ok(MemoryPlan::compute(
-        gguf,
-        context_length,
-        budget,
-        &plan_limits(ctx, prefill_chunk),
-    )?)
+    let limits = PlanLimits {
+        kv_value_bytes,
+        ..plan_limits(ctx, prefill_chunk)
+    };
+    Ok(MemoryPlan::compute(gguf, context_length, budget, &limits)?)
 }
 
 /// Expert-tier counters for `strata bench` and the tests.

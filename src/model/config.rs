@@ -102,6 +102,35 @@ impl PleConfig {
     }
 }
 
+/// How the attention layers' key/value cache stores its values (`--kv`): a run option, not a
+/// property of the file. A fixed choice per run, never one that depends on the memory free
+/// (determinism rule 1). F16 keeps every key (normed and rotated) and value rounded to the
+/// nearest f16, for half the memory; the CPU reference rounds the same values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvType {
+    /// Bytes per cached value.
+    pub fn value_bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+
+    /// `v` as the cache keeps it.
+    pub fn store(self, v: f32) -> f32 {
+        match self {
+            KvType::F32 => v,
+            KvType::F16 => half::f16::from_f32(v).to_f32(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub name: String,
@@ -120,6 +149,8 @@ pub struct Config {
     pub ple: Option<PleConfig>,
     /// Set when the file's `attention.compress_ratios` were all zero and QSA was assumed (finding F2).
     pub assumed_qsa_ratio: bool,
+    /// The KV cache's storage type (a run option; F32 unless the loader sets it).
+    pub kv: KvType,
 }
 
 /// The compress ratio assumed for a QSA layer when the file says 0 everywhere (see [`Config::from_gguf`]).
@@ -486,6 +517,7 @@ impl Config {
             hc_low_rank,
             ple,
             assumed_qsa_ratio,
+            kv: KvType::F32,
         })
     }
 

@@ -46,6 +46,11 @@ impl CpuBackend {
         Self::load_with_progress(gguf, ctx, &mut |_, _| {})
     }
 
+    /// The KV cache's storage type for every sequence made from here on (`--kv`).
+    pub fn set_kv(&mut self, kv: crate::model::config::KvType) {
+        self.config.kv = kv;
+    }
+
     /// As [`load`](Self::load), calling `progress(layers_done, layers)` after each layer.
     pub fn load_with_progress(
         gguf: Arc<Gguf>,

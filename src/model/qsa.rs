@@ -138,8 +138,8 @@ pub fn qsa_forward(
         k.copy_from_slice(&normed);
         rope_apply(k, &rope.0, &rope.1);
     }
-    state.keys.extend_from_slice(&key);
-    state.values.extend_from_slice(&value);
+    state.keys.extend(key.iter().map(|&v| cfg.kv.store(v)));
+    state.values.extend(value.iter().map(|&v| cfg.kv.store(v)));
 
     let allowed = match (&w.indexer, w.compress_ratio) {
         (Some(indexer), Some(ratio)) if ratio > 0 => {

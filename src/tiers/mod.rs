@@ -95,6 +95,11 @@ pub struct TierArgs {
     /// experts of every layer are loaded.
     #[arg(long, value_name = "FILE")]
     pub expert_profile: Option<PathBuf>,
+    /// Storage type of the attention layers' key/value cache: f32, or f16 for half the memory
+    /// (each key and value rounded to the nearest f16; the CPU reference rounds the same way).
+    /// Fixed per run: it never follows the memory free.
+    #[arg(long, value_enum, default_value_t = crate::model::config::KvType::F32)]
+    pub kv: crate::model::config::KvType,
 }
 
 impl Default for TierArgs {
@@ -107,6 +112,7 @@ impl Default for TierArgs {
             ple_io: IoMode::Mmap,
             ple_row_cache: ple_reader::DEFAULT_CACHE_ROWS,
             expert_profile: None,
+            kv: crate::model::config::KvType::F32,
         }
     }
 }

@@ -72,7 +72,7 @@ pub struct PlanLimits {
     pub sequences: usize,
     /// Tokens per prefill chunk; sizes the work buffers.
     pub prefill_chunk: usize,
-    /// Bytes per cached K/V/indexer-key value (4: f32).
+    /// Bytes per cached key or value (4: f32, 2: f16; `--kv`). Indexer keys are f32.
     pub kv_value_bytes: u64,
     /// Replace the work-buffer estimate by a measured figure.
     pub work_bytes: Option<u64>,
@@ -177,6 +177,8 @@ pub struct MemoryPlan {
     pub kv_layers: usize,
     pub kv_bytes_per_token: u64,
     pub kv_bytes: u64,
+    /// Bytes per cached key or value (the limits' `kv_value_bytes`).
+    pub kv_value_bytes: u64,
     /// GDN conv + SSM state of every GDN layer and the PLE conv history, for all sequences.
     pub state_bytes: u64,
     pub work_bytes: u64,
@@ -264,10 +266,11 @@ impl MemoryPlan {
         // indexer key (one indexer KV head) on indexed layers.
         let attention = &config.attention;
         let mtp_layers = count_mtp_attention_layers(tensors, config.n_layer);
+        // Bytes per token of one attention layer's caches.
         let kv_values_per_layer = |indexed: bool| {
-            to_u64(attention.n_head_kv * attention.head_dim * 2)
+            to_u64(attention.n_head_kv * attention.head_dim * 2) * limits.kv_value_bytes
                 + if indexed {
-                    to_u64(attention.indexer_head_dim)
+                    to_u64(attention.indexer_head_dim) * 4
                 } else {
                     0
                 }
@@ -283,7 +286,7 @@ impl MemoryPlan {
         // The MTP block is an indexed attention layer with its own cache (model-spec §2.11).
         kv_values_per_token += to_u64(mtp_layers) * kv_values_per_layer(true);
         kv_layers += mtp_layers;
-        let kv_bytes_per_token = mul(kv_values_per_token, limits.kv_value_bytes, "KV per token")?;
+        let kv_bytes_per_token = kv_values_per_token;
         let sequences = to_u64(limits.sequences.max(1));
         let kv_bytes = align(mul(
             mul(kv_bytes_per_token, to_u64(ctx), "KV cache")?,
@@ -385,6 +388,7 @@ impl MemoryPlan {
             kv_layers,
             kv_bytes_per_token,
             kv_bytes,
+            kv_value_bytes: limits.kv_value_bytes,
             state_bytes,
             work_bytes,
             work_estimated,

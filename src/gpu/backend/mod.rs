@@ -399,6 +399,10 @@ struct Scratch {
     gdn_normed: GpuBuf,
     // QSA
     query_gate: GpuBuf,
+    /// `--kv f16`: the chunk's keys and values in f32 (normed and rotated there), before they
+    /// are rounded into the caches (one float each otherwise).
+    key_stage: GpuBuf,
+    value_stage: GpuBuf,
     index_query: GpuBuf,
     selected: GpuBuf,
     scores: GpuBuf,

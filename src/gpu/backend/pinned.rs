@@ -303,8 +303,15 @@ pub(super) fn plan(
     let freed = embedding.unwrap_or(0);
     let budget = plan.vram_budget;
     for c in [DEFAULT_MAX_CHUNK, chunk] {
-        let Ok(mut p) = plan_for_budget(ctx, gguf, context_length, c, budget.saturating_add(freed))
-        else {
+        let budget_now = budget.saturating_add(freed);
+        let Ok(mut p) = plan_for_budget(
+            ctx,
+            gguf,
+            context_length,
+            c,
+            budget_now,
+            plan.kv_value_bytes,
+        ) else {
             continue;
         };
         p.vram_budget = budget;

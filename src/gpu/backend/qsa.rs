@@ -1,6 +1,7 @@
 //! QSA sparse-attention layers: projections, indexer, block selection, attention.
 
 use super::*;
+use crate::model::config::KvType;
 
 impl GpuSequence {
     pub(super) fn qsa(
@@ -31,11 +32,18 @@ impl GpuSequence {
         let qg = a.n_head * 2 * hd;
         let half = a.rotary_dims / 2;
         let x = View::new(&s.x_in, 0, h);
-        // Keys and values land in the caches directly; the keys are normed and rotated there.
+        // Keys and values land in the f32 caches directly, the keys normed and rotated there;
+        // with `--kv f16` in the chunk's stage buffers first, then rounded into the caches.
+        let f16 = cfg.kv == KvType::F16;
+        let (key_rows, value_rows, kv_off) = if f16 {
+            (&s.key_stage, &s.value_stage, 0)
+        } else {
+            (keys, values, pos0 * kv)
+        };
         let outs = [
             View::new(&s.query_gate, 0, qg),
-            View::new(keys, pos0 * kv, kv),
-            View::new(values, pos0 * kv, kv),
+            View::new(key_rows, kv_off, kv),
+            View::new(value_rows, kv_off, kv),
         ];
         w.qkv.record(c, rec, x, &outs, t)?;
         let q_heads = Groups {
@@ -63,9 +71,9 @@ impl GpuSequence {
             c,
             rec,
             &self.norm_spec(Some((&w.k_norm, hd))),
-            keys,
+            key_rows,
             Groups {
-                off: pos0 * kv,
+                off: kv_off,
                 ..Groups::packed(hd, a.n_head_kv)
             },
             t,
@@ -75,6 +83,10 @@ impl GpuSequence {
             pos0,
             1,
         )?;
+        if f16 {
+            ops::kv_pack(c, rec, &s.key_stage, keys, pos0 * kv, t * kv)?;
+            ops::kv_pack(c, rec, &s.value_stage, values, pos0 * kv, t * kv)?;
+        }
         let mut params = QsaParams {
             tokens: t as u32,
             pos0: pos0 as u32,
@@ -181,6 +193,7 @@ impl GpuSequence {
             &s.selected,
             &s.attn_parts,
             &s.attended,
+            cfg.kv,
         )?;
         let x = View::new(&s.attended, 0, a.n_head * hd);
         self.out_and_combine(rec, &w.out, x, t)

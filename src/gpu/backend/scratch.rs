@@ -1,6 +1,7 @@
 //! Per-sequence state, and the activation buffers of one chunk (shared by a backend's sequences).
 
 use super::*;
+use crate::model::config::KvType;
 
 impl GpuSequence {
     /// A fresh sequence: its own state (every layer's recurrent state or KV cache, the PLE
@@ -34,9 +35,14 @@ impl GpuSequence {
                         Some(ix) => (ix.ratio, a.indexer_head_dim),
                         None => (1, 1),
                     };
+                    // f16: two values per word, in a flat array over the tokens.
+                    let cached = match cfg.kv {
+                        KvType::F32 => ctx_len * kv,
+                        KvType::F16 => (ctx_len * kv).div_ceil(2),
+                    };
                     LayerState::Qsa {
-                        keys: zeros("key cache", ctx_len * kv)?,
-                        values: zeros("value cache", ctx_len * kv)?,
+                        keys: zeros("key cache", cached)?,
+                        values: zeros("value cache", cached)?,
                         raw_index_keys: zeros("indexer key cache", ctx_len * idim)?,
                         block_keys: zeros("block keys", (ctx_len / ratio + 1) * idim)?,
                     }
@@ -110,6 +116,10 @@ impl Scratch {
         }
         let ple_dim = cfg.ple.as_ref().map_or(32, |p| p.embed_dim());
         let qg = a.n_head * 2 * a.head_dim;
+        let staged = match cfg.kv {
+            KvType::F32 => 1,
+            KvType::F16 => t * a.n_head_kv * a.head_dim,
+        };
         let k = m.n_expert_used;
         let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
         // Tokens of the layers' own shared gate|up buffers: a decode step or a short chunk.
@@ -129,6 +139,8 @@ impl Scratch {
             recurrent_out: z("recurrent out", t * g.value_dim())?,
             gdn_normed: z("gdn normed", t * g.value_dim())?,
             query_gate: z("query gate", t * qg)?,
+            key_stage: z("key stage", staged)?,
+            value_stage: z("value stage", staged)?,
             index_query: z("index query", t * a.indexer_n_head * a.indexer_head_dim)?,
             selected: z("selected", t * (budget + 1))?,
             scores: z("scores", t * 2 * max_blocks)?,

@@ -1,0 +1,114 @@
+//! `--kv f16`: the attention caches in f16 on the GPU (lavapipe in CI) against the CPU reference
+//! rounding the same values, the transformers oracle (computed with an f32 cache), and itself over
+//! prefill chunk sizes. Without an adapter the test fails when `CI` is set and is skipped
+//! otherwise.
+
+use std::sync::Arc;
+
+mod common;
+use common::{fixtures, gpu_context as context, max_abs_diff, prompt_ids, read, run};
+
+use strata::engine::Backend;
+use strata::gguf::Gguf;
+use strata::gpu::buffers::GpuBuf;
+use strata::gpu::kernels::Recorder;
+use strata::gpu::ops as gops;
+use strata::gpu::{GpuContext, backend::GpuBackend};
+use strata::model::CpuBackend;
+use strata::model::config::KvType;
+use strata::tiers::TierArgs;
+
+/// GPU against CPU, both with f16 caches: the rounding is the same, the rest as for f32.
+const GPU_CPU_TOLERANCE: f32 = 1e-3;
+/// Against the f32-cache oracle: the oracle check's own tolerance (measured on lavapipe: 1.2e-4 on
+/// p7, 1.6e-4 on p64eos).
+const ORACLE_TOLERANCE: f32 = 1e-3;
+
+fn gguf(ty: &str) -> Arc<Gguf> {
+    let path = fixtures().join(format!("tiny-{ty}.gguf"));
+    Arc::new(Gguf::open(&path).expect("fixture GGUF opens"))
+}
+
+fn gpu(ctx: &Arc<GpuContext>, ty: &str, kv: KvType) -> Arc<GpuBackend> {
+    let tiers = TierArgs {
+        kv,
+        ..TierArgs::default()
+    };
+    Arc::new(GpuBackend::load_with(ctx.clone(), gguf(ty), 1024, &tiers).expect("GPU load"))
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn f16_cache_matches_the_cpu_reference_and_is_chunk_invariant() {
+    let Some(ctx) = context() else { return };
+    let f16 = gpu(&ctx, "IQ3_S", KvType::F16);
+    let f32 = gpu(&ctx, "IQ3_S", KvType::F32);
+    let mut cpu = CpuBackend::load(gguf("IQ3_S"), 1024).expect("CPU load");
+    cpu.set_kv(KvType::F16);
+    let cpu = Arc::new(cpu);
+    for prompt in ["p7", "p64eos", "p300"] {
+        let ids = prompt_ids(prompt);
+        let n = ids.len().min(160);
+        let ids = &ids[..n];
+        let whole = run(&f16, ids, n);
+        let on_cpu = run(&cpu, ids, n);
+        let d_cpu = max_abs_diff(&whole, &on_cpu);
+        let d_f32 = max_abs_diff(&whole, &run(&f32, ids, n));
+        println!("{prompt}: f16 cache GPU vs CPU {d_cpu:.2e}, vs the f32 cache {d_f32:.2e}");
+        assert!(d_cpu <= GPU_CPU_TOLERANCE, "{prompt}: GPU vs CPU {d_cpu}");
+        // The option does something: f16 rounding moves the logits.
+        assert!(
+            d_f32 > 0.0,
+            "{prompt}: f16 cache gave the f32 cache's logits"
+        );
+        for chunk in [1, 7, 64] {
+            let piecewise = run(&f16, ids, chunk);
+            assert_eq!(
+                bits(&whole),
+                bits(&piecewise),
+                "{prompt}: chunks of {chunk}"
+            );
+        }
+        if prompt != "p300" {
+            let reference =
+                read(&fixtures().join(format!("refs/IQ3_S/{prompt}.prompt_logits.npy")));
+            let vocab = f16.info().vocab_size;
+            let worst = (0..n)
+                .map(|pos| max_abs_diff(&whole[pos * vocab..(pos + 1) * vocab], reference.row(pos)))
+                .fold(0f32, f32::max);
+            println!("{prompt}: f16 cache vs the f32 oracle {worst:.2e}");
+            assert!(worst <= ORACLE_TOLERANCE, "{prompt}: vs oracle {worst}");
+        }
+    }
+}
+
+/// `kv_pack` over chunks that start and end inside a word: every value rounded to the nearest f16
+/// (ties to even), and the values of earlier chunks kept.
+#[test]
+fn kv_pack_rounds_and_keeps_earlier_values() {
+    let Some(ctx) = context() else { return };
+    let values: Vec<f32> = (0..13)
+        .map(|i| (i as f32 - 6.0) * 0.337_1 + 1.0e-4 * i as f32)
+        .collect();
+    let cache = GpuBuf::zeros(&ctx, "cache", 8).expect("cache");
+    // Chunks of 3, 5 and 5 values: the first ends mid-word, the second starts mid-word.
+    let mut first = 0;
+    for count in [3usize, 5, 5] {
+        let stage = GpuBuf::from_f32(&ctx, "stage", &values[first..first + count]).expect("stage");
+        let mut rec = Recorder::new();
+        gops::kv_pack(&ctx, &mut rec, &stage, &cache, first, count).expect("pack");
+        rec.run(&ctx).expect("run");
+        first += count;
+    }
+    let words = cache.read_u32(&ctx, 0, 7).expect("read");
+    for (i, v) in values.iter().enumerate() {
+        let got = (words[i / 2] >> (16 * (i % 2))) & 0xffff;
+        let want = u32::from(half::f16::from_f32(*v).to_bits());
+        assert_eq!(got, want, "value {i} ({v})");
+    }
+    // The half past the last value is zero.
+    assert_eq!(words[6] >> 16, 0);
+}
