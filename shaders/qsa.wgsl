@@ -9,7 +9,8 @@
 //   qsa_attend: per (head, key chunk, token): partial softmax over one chunk of allowed keys;
 //   qsa_merge:  per (head, token): the chunks merged in order, times the sigmoid output gate.
 //   kv_pack:    `--kv f16`: a chunk's keys or values (f32, normed and rotated) rounded into the
-//               f16 cache, two per word in a flat array over the tokens (KV_F16 reads them).
+//               f16 cache, two per word in a flat array over the tokens (KV_MODE 1 reads them);
+//   kv_pack_q8: `--kv q8_0`: the same in blocks of 32 as ggml's q8_0 (KV_MODE 2).
 
 struct Params {
     tokens: u32,
@@ -223,23 +224,46 @@ fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
 }
 
 @group(0) @binding(6) var<storage, read> Q: array<f32>;   // [T, heads * 2 * hd] (query, gate per head)
-// The caches, [ctx, n_kv * hd]: f32 values as their bits, or with KV_F16 two f16 per word.
+// The caches, [ctx, n_kv * hd] as a flat array of values, by KV_MODE: 0 f32 values as their
+// bits; 1 two f16 per word; 2 q8_0, 9 words per 32 values (8 of signed bytes, value j in byte
+// j % 4 of word j / 4, then the f16 scale).
 @group(0) @binding(7) var<storage, read> KC: array<u32>;
 @group(0) @binding(8) var<storage, read> VC: array<u32>;
-override KV_F16: bool = false;
+override KV_MODE: u32 = 0u;
+
+fn q8_at(word: u32, scale: u32, i: u32) -> f32 {
+    let q = bitcast<i32>(word << (24u - 8u * (i & 3u))) >> 24u;
+    return f32(q) * unpack2x16float(scale).x;
+}
 
 fn key_at(i: u32) -> f32 {
-    if (KV_F16) {
-        return unpack2x16float(KC[i >> 1u])[i & 1u];
+    switch KV_MODE {
+        case 1u: {
+            return unpack2x16float(KC[i >> 1u])[i & 1u];
+        }
+        case 2u: {
+            let b = (i >> 5u) * 9u;
+            return q8_at(KC[b + ((i & 31u) >> 2u)], KC[b + 8u], i);
+        }
+        default: {
+            return bitcast<f32>(KC[i]);
+        }
     }
-    return bitcast<f32>(KC[i]);
 }
 
 fn value_at(i: u32) -> f32 {
-    if (KV_F16) {
-        return unpack2x16float(VC[i >> 1u])[i & 1u];
+    switch KV_MODE {
+        case 1u: {
+            return unpack2x16float(VC[i >> 1u])[i & 1u];
+        }
+        case 2u: {
+            let b = (i >> 5u) * 9u;
+            return q8_at(VC[b + ((i & 31u) >> 2u)], VC[b + 8u], i);
+        }
+        default: {
+            return bitcast<f32>(VC[i]);
+        }
     }
-    return bitcast<f32>(VC[i]);
 }
 
 fn q4(at: u32) -> vec4<f32> {
@@ -480,4 +504,34 @@ fn kv_pack(@builtin(global_invocation_id) id: vec3<u32>) {
         v.y = KVS[2u * w + 1u - first];
     }
     KVP[w] = pack2x16float(v);
+}
+
+// `--kv q8_0`: blocks p.off / 32 .. of the cache from KVS (p.row_stride values, whole blocks), one
+// invocation per block: d = amax / 127, the values times 1 / d rounded to integers (ties to
+// even), d stored as f16; the arithmetic of the CPU reference's KvType::store_row.
+@compute @workgroup_size(64)
+fn kv_pack_q8(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (32u * id.x >= p.row_stride) {
+        return;
+    }
+    let src = 32u * id.x;
+    var amax = 0.0;
+    for (var j = 0u; j < 32u; j++) {
+        amax = max(amax, abs(KVS[src + j]));
+    }
+    let d = amax / 127.0;
+    var inv = 0.0;
+    if (d != 0.0) {
+        inv = 1.0 / d;
+    }
+    let out = (p.off / 32u + id.x) * 9u;
+    for (var w = 0u; w < 8u; w++) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b++) {
+            let q = i32(round(KVS[src + 4u * w + b] * inv));
+            word |= (bitcast<u32>(q) & 0xffu) << (8u * b);
+        }
+        KVP[out + w] = word;
+    }
+    KVP[out + 8u] = pack2x16float(vec2<f32>(d, 0.0));
 }

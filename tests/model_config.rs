@@ -232,3 +232,45 @@ fn wrong_architecture_is_refused() {
         "{message}"
     );
 }
+
+/// `--kv`: what each cache type keeps of a row, and the widths q8_0 refuses with a message.
+#[test]
+fn kv_cache_types_round_rows_and_refuse_widths_they_cannot_hold() {
+    use strata::model::config::KvType;
+    let row: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.0173).collect();
+    let mut kept = row.clone();
+    KvType::F32.store_row(&mut kept);
+    assert_eq!(kept, row);
+    KvType::F16.store_row(&mut kept);
+    for (k, v) in kept.iter().zip(&row) {
+        assert_eq!(*k, half::f16::from_f32(*v).to_f32());
+    }
+    let mut q = row.clone();
+    KvType::Q8_0.store_row(&mut q);
+    for (block, orig) in q.chunks(32).zip(row.chunks(32)) {
+        let amax = orig.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = half::f16::from_f32(amax / 127.0).to_f32();
+        for (k, v) in block.iter().zip(orig) {
+            let code = k / scale;
+            assert_eq!(
+                code,
+                code.round(),
+                "{k} is not a whole multiple of the scale"
+            );
+            assert!(code.abs() <= 127.0);
+            assert!(
+                (k - v).abs() <= 0.5 * scale + amax * 1e-3,
+                "{k} against {v}"
+            );
+        }
+    }
+    assert_eq!(KvType::F32.cache_bytes(64), 256);
+    assert_eq!(KvType::F16.cache_bytes(64), 128);
+    assert_eq!(KvType::Q8_0.cache_bytes(64), 72);
+    assert!(KvType::Q8_0.unsupported_width(64).is_none());
+    let why = KvType::Q8_0
+        .unsupported_width(48)
+        .expect("48 is not whole blocks");
+    assert!(why.contains("48") && why.contains("--kv f16"), "{why}");
+    assert!(KvType::F16.unsupported_width(48).is_none());
+}

@@ -21,6 +21,7 @@ use strata::gpu::GpuContext;
 use strata::gpu::backend::{BUDGET_MAX_CHUNK, GpuBackend};
 use strata::gpu::tiered::plan_for_budget;
 use strata::model::config::Config;
+use strata::model::config::KvType;
 use strata::model::ple::{hash_rows, ngram_context};
 use strata::tiers::{ExpertProfile, ExpertsArg, IoMode, PleTable, TierArgs};
 
@@ -93,8 +94,15 @@ fn load(ctx: &Arc<GpuContext>, path: &Path, tiers: &TierArgs) -> anyhow::Result<
 /// number of experts and top-k.
 fn budget_for_slots(ctx: &GpuContext, path: &Path, slots: u64) -> (u64, u64, u64) {
     let gguf = open(path);
-    let plan =
-        plan_for_budget(ctx, &gguf, CONTEXT, BUDGET_MAX_CHUNK, u64::MAX / 4, 4).expect("plan");
+    let plan = plan_for_budget(
+        ctx,
+        &gguf,
+        CONTEXT,
+        BUDGET_MAX_CHUNK,
+        u64::MAX / 4,
+        KvType::F32,
+    )
+    .expect("plan");
     let fixed = plan.vram_total() - plan.expert_slot_bytes();
     (
         fixed + slots * plan.slot_bytes,
@@ -663,8 +671,15 @@ fn pinned_embedding_in_host_and_split_steps_give_the_same_bits() {
         "the embedding is not planned in VRAM"
     );
     let gguf = open(&path);
-    let counted = plan_for_budget(&ctx, &gguf, CONTEXT, backend.max_chunk(), budget, 4)
-        .expect("the plan with the embedding in VRAM");
+    let counted = plan_for_budget(
+        &ctx,
+        &gguf,
+        CONTEXT,
+        backend.max_chunk(),
+        budget,
+        KvType::F32,
+    )
+    .expect("the plan with the embedding in VRAM");
     let embd = counted
         .dense
         .iter()

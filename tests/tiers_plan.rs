@@ -356,7 +356,7 @@ fn real_widths_plan_a_12_gib_gpu() {
     assert_eq!(plan.kv_bytes, 55_296 * 32_768);
     // `--kv f16`: keys and values in 2 bytes each, the indexer keys still f32.
     let limits = PlanLimits {
-        kv_value_bytes: 2,
+        kv: strata::model::config::KvType::F16,
         ..h200_limits()
     };
     let half = MemoryPlan::compute_from(&config, &tensors, 32_768, budget, &limits)

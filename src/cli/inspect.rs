@@ -61,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.ctx,
             args.vram_budget,
             &crate::tiers::PlanLimits {
-                kv_value_bytes: args.kv.value_bytes() as u64,
+                kv: args.kv,
                 ..crate::tiers::PlanLimits::default()
             },
         )

@@ -263,7 +263,7 @@ fn load_cpu(
     let mut backend =
         CpuBackend::load_with_progress(gguf, ctx, &mut |done, total| progress.update(done, total))
             .with_context(|| format!("loading {name} on the CPU"))?;
-    backend.set_kv(kv);
+    backend.set_kv(kv)?;
     progress.finish();
     Ok(Arc::new(backend))
 }

@@ -742,17 +742,25 @@ pub struct QsaParams {
     pub scale: f32,
 }
 
-/// `--kv f16`: the `count` values of `stage` (f32) rounded into the flat f16 cache `cache` from
-/// value `first` on (`qsa.wgsl`'s `kv_pack`; the values before `first` are kept).
+/// `--kv f16` or `q8_0`: the `count` values of `stage` (f32) rounded into the flat cache `cache`
+/// from value `first` on (`qsa.wgsl`'s `kv_pack` and `kv_pack_q8`; the values before `first` are
+/// kept). q8_0 takes whole blocks of 32 values.
 pub fn kv_pack(
     ctx: &GpuContext,
     rec: &mut Recorder,
+    kv: KvType,
     stage: &GpuBuf,
     cache: &GpuBuf,
     first: usize,
     count: usize,
 ) -> Result<(), GpuError> {
     need(stage, count, "kv stage")?;
+    if kv == KvType::Q8_0 {
+        return kv_pack_q8(ctx, rec, stage, cache, first, count);
+    }
+    if kv != KvType::F16 {
+        return Err(GpuError::BadArgs(format!("no pack for a {kv:?} cache")));
+    }
     let end = first + count;
     if cache.len < end.div_ceil(2) {
         return Err(GpuError::BadArgs(format!(
@@ -775,6 +783,43 @@ pub fn kv_pack(
         &[(12, &*stage.buffer), (13, &*cache.buffer)],
         bytemuck::bytes_of(&params),
         [u(words.div_ceil(64))?, 1, 1],
+    )
+}
+
+fn kv_pack_q8(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    stage: &GpuBuf,
+    cache: &GpuBuf,
+    first: usize,
+    count: usize,
+) -> Result<(), GpuError> {
+    let block = crate::model::config::KV_Q8_BLOCK;
+    if !first.is_multiple_of(block) || !count.is_multiple_of(block) {
+        return Err(GpuError::BadArgs(format!(
+            "q8_0 cache: values {first}..{} are not whole blocks",
+            first + count
+        )));
+    }
+    let blocks = count / block;
+    if cache.len < (first + count) / block * 9 || blocks.div_ceil(64) > 65535 {
+        return Err(GpuError::BadArgs(format!(
+            "q8_0 cache of {} words: values {first}..{}",
+            cache.len,
+            first + count
+        )));
+    }
+    let params = QsaParams {
+        off: u(first)?,
+        row_stride: u(count)?,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("qsa", "kv_pack_q8"),
+        &[(12, &*stage.buffer), (13, &*cache.buffer)],
+        bytemuck::bytes_of(&params),
+        [u(blocks.div_ceil(64))?, 1, 1],
     )
 }
 
@@ -905,10 +950,12 @@ pub fn qsa_attend(
     let h = params.heads as usize;
     let hd = params.hd as usize;
     let chunks = QSA_MAX_KEYS.div_ceil(QSA_CHUNK);
-    let attend = match kv {
-        KvType::F32 => PipelineKey::new("qsa", "qsa_attend"),
-        KvType::F16 => PipelineKey::new("qsa", "qsa_attend").constant("KV_F16", 1.0),
+    let mode = match kv {
+        KvType::F32 => 0.0,
+        KvType::F16 => 1.0,
+        KvType::Q8_0 => 2.0,
     };
+    let attend = PipelineKey::new("qsa", "qsa_attend").constant("KV_MODE", mode);
     need(partials, qsa_partials_len(t, h, hd), "qsa partials")?;
     let params = QsaParams {
         max_blocks: u(chunks)?,

@@ -56,10 +56,10 @@ pub fn plan_for_budget(
     context_length: usize,
     prefill_chunk: usize,
     budget: u64,
-    kv_value_bytes: u64,
+    kv: crate::model::config::KvType,
 ) -> anyhow::Result<MemoryPlan> {
     let limits = PlanLimits {
-        kv_value_bytes,
+        kv,
         ..plan_limits(ctx, prefill_chunk)
     };
     Ok(MemoryPlan::compute(gguf, context_length, budget, &limits)?)

@@ -105,29 +105,62 @@ impl PleConfig {
 /// How the attention layers' key/value cache stores its values (`--kv`): a run option, not a
 /// property of the file. A fixed choice per run, never one that depends on the memory free
 /// (determinism rule 1). F16 keeps every key (normed and rotated) and value rounded to the
-/// nearest f16, for half the memory; the CPU reference rounds the same values.
+/// nearest f16, for half the memory; Q8_0 keeps blocks of 32 values as ggml's q8_0 does (an f16
+/// scale amax / 127 and the values divided by it, rounded to integers), in 9 words per block. The
+/// CPU reference rounds the same values the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum KvType {
     #[default]
     F32,
     F16,
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
+/// Values per block of the q8_0 cache.
+pub const KV_Q8_BLOCK: usize = 32;
+
 impl KvType {
-    /// Bytes per cached value.
-    pub fn value_bytes(self) -> usize {
+    /// Bytes of cache per `values` keys or values (a whole number of blocks for q8_0).
+    pub fn cache_bytes(self, values: usize) -> usize {
         match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
+            KvType::F32 => 4 * values,
+            KvType::F16 => 4 * values.div_ceil(2),
+            KvType::Q8_0 => 36 * values.div_ceil(KV_Q8_BLOCK),
         }
     }
 
-    /// `v` as the cache keeps it.
-    pub fn store(self, v: f32) -> f32 {
+    /// One token's keys or values (`row`: n_kv * head_dim values) as the cache keeps them.
+    pub fn store_row(self, row: &mut [f32]) {
         match self {
-            KvType::F32 => v,
-            KvType::F16 => half::f16::from_f32(v).to_f32(),
+            KvType::F32 => {}
+            KvType::F16 => {
+                for v in row.iter_mut() {
+                    *v = half::f16::from_f32(*v).to_f32();
+                }
+            }
+            KvType::Q8_0 => {
+                for block in row.chunks_mut(KV_Q8_BLOCK) {
+                    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    let scale = half::f16::from_f32(d).to_f32();
+                    for v in block.iter_mut() {
+                        *v = (*v * id).round_ties_even() * scale;
+                    }
+                }
+            }
         }
+    }
+
+    /// Why a cache of this type cannot hold rows of `width` values, if it cannot.
+    pub fn unsupported_width(self, width: usize) -> Option<String> {
+        (self == KvType::Q8_0 && !width.is_multiple_of(KV_Q8_BLOCK)).then(|| {
+            format!(
+                "--kv q8_0 needs key rows of a multiple of {KV_Q8_BLOCK} values; this model's are \
+                 {width} (use --kv f16 or f32)"
+            )
+        })
     }
 }
 

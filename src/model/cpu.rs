@@ -46,9 +46,18 @@ impl CpuBackend {
         Self::load_with_progress(gguf, ctx, &mut |_, _| {})
     }
 
-    /// The KV cache's storage type for every sequence made from here on (`--kv`).
-    pub fn set_kv(&mut self, kv: crate::model::config::KvType) {
+    /// The KV cache's storage type for every sequence made from here on (`--kv`); refused where
+    /// the model's key rows do not fit it (q8_0 takes blocks of 32).
+    pub fn set_kv(&mut self, kv: crate::model::config::KvType) -> Result<(), ModelError> {
+        let a = &self.config.attention;
+        if let Some(message) = kv.unsupported_width(a.n_head_kv * a.head_dim) {
+            return Err(ModelError::Metadata {
+                key: "attention.head_count_kv".into(),
+                message,
+            });
+        }
         self.config.kv = kv;
+        Ok(())
     }
 
     /// As [`load`](Self::load), calling `progress(layers_done, layers)` after each layer.

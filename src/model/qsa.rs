@@ -138,8 +138,10 @@ pub fn qsa_forward(
         k.copy_from_slice(&normed);
         rope_apply(k, &rope.0, &rope.1);
     }
-    state.keys.extend(key.iter().map(|&v| cfg.kv.store(v)));
-    state.values.extend(value.iter().map(|&v| cfg.kv.store(v)));
+    cfg.kv.store_row(&mut key);
+    cfg.kv.store_row(&mut value);
+    state.keys.extend_from_slice(&key);
+    state.values.extend_from_slice(&value);
 
     let allowed = match (&w.indexer, w.compress_ratio) {
         (Some(indexer), Some(ratio)) if ratio > 0 => {

@@ -72,8 +72,8 @@ pub struct PlanLimits {
     pub sequences: usize,
     /// Tokens per prefill chunk; sizes the work buffers.
     pub prefill_chunk: usize,
-    /// Bytes per cached key or value (4: f32, 2: f16; `--kv`). Indexer keys are f32.
-    pub kv_value_bytes: u64,
+    /// The key/value cache's storage type (`--kv`). Indexer keys are f32.
+    pub kv: crate::model::config::KvType,
     /// Replace the work-buffer estimate by a measured figure.
     pub work_bytes: Option<u64>,
 }
@@ -85,7 +85,7 @@ impl Default for PlanLimits {
             alignment: 256,
             sequences: 1,
             prefill_chunk: 512,
-            kv_value_bytes: 4,
+            kv: crate::model::config::KvType::F32,
             work_bytes: None,
         }
     }
@@ -177,8 +177,8 @@ pub struct MemoryPlan {
     pub kv_layers: usize,
     pub kv_bytes_per_token: u64,
     pub kv_bytes: u64,
-    /// Bytes per cached key or value (the limits' `kv_value_bytes`).
-    pub kv_value_bytes: u64,
+    /// The key/value cache's storage type (the limits' `kv`).
+    pub kv: crate::model::config::KvType,
     /// GDN conv + SSM state of every GDN layer and the PLE conv history, for all sequences.
     pub state_bytes: u64,
     pub work_bytes: u64,
@@ -268,12 +268,15 @@ impl MemoryPlan {
         let mtp_layers = count_mtp_attention_layers(tensors, config.n_layer);
         // Bytes per token of one attention layer's caches.
         let kv_values_per_layer = |indexed: bool| {
-            to_u64(attention.n_head_kv * attention.head_dim * 2) * limits.kv_value_bytes
-                + if indexed {
-                    to_u64(attention.indexer_head_dim) * 4
-                } else {
-                    0
-                }
+            2 * to_u64(
+                limits
+                    .kv
+                    .cache_bytes(attention.n_head_kv * attention.head_dim),
+            ) + if indexed {
+                to_u64(attention.indexer_head_dim) * 4
+            } else {
+                0
+            }
         };
         let mut kv_values_per_token = 0u64;
         let mut kv_layers = 0usize;
@@ -388,7 +391,7 @@ impl MemoryPlan {
             kv_layers,
             kv_bytes_per_token,
             kv_bytes,
-            kv_value_bytes: limits.kv_value_bytes,
+            kv: limits.kv,
             state_bytes,
             work_bytes,
             work_estimated,

@@ -143,23 +143,16 @@ pub(super) fn plan_with_chunk(
     gguf: &Gguf,
     context_length: usize,
     budget: u64,
-    kv_value_bytes: u64,
+    kv: crate::model::config::KvType,
 ) -> anyhow::Result<(MemoryPlan, usize)> {
     for chunk in [LARGE_MAX_CHUNK, DEFAULT_MAX_CHUNK] {
-        if let Ok(plan) = plan_for_budget(ctx, gguf, context_length, chunk, budget, kv_value_bytes)
+        if let Ok(plan) = plan_for_budget(ctx, gguf, context_length, chunk, budget, kv)
             && plan.expert_slots >= plan.total_experts
         {
             return Ok((plan, chunk));
         }
     }
-    let plan = plan_for_budget(
-        ctx,
-        gguf,
-        context_length,
-        BUDGET_MAX_CHUNK,
-        budget,
-        kv_value_bytes,
-    )?;
+    let plan = plan_for_budget(ctx, gguf, context_length, BUDGET_MAX_CHUNK, budget, kv)?;
     Ok((plan, BUDGET_MAX_CHUNK))
 }
 
@@ -205,7 +198,10 @@ impl GpuBackend {
     ) -> anyhow::Result<GpuBackend> {
         let mut config = Config::from_gguf(&gguf)?;
         config.kv = tiers.kv;
-        let kv_bytes = tiers.kv.value_bytes() as u64;
+        let a = &config.attention;
+        if let Some(why) = config.kv.unsupported_width(a.n_head_kv * a.head_dim) {
+            anyhow::bail!(why);
+        }
         let weights = Weights::bind(&gguf, &config, &mut |_, _| {})?;
         let context_length = if context == 0 {
             config.context_length.min(DEFAULT_GPU_CONTEXT)
@@ -214,11 +210,11 @@ impl GpuBackend {
         };
         let (plan, max_chunk) = match tiers.vram_budget {
             Some(budget) => {
-                let (plan, chunk) = plan_with_chunk(&ctx, &gguf, context_length, budget, kv_bytes)?;
+                let (plan, chunk) = plan_with_chunk(&ctx, &gguf, context_length, budget, tiers.kv)?;
                 (Some(plan), chunk)
             }
             None => match default_vram_budget(&ctx)
-                .map(|budget| plan_with_chunk(&ctx, &gguf, context_length, budget, kv_bytes))
+                .map(|budget| plan_with_chunk(&ctx, &gguf, context_length, budget, tiers.kv))
             {
                 Some(Ok((plan, chunk))) => (Some(plan), chunk),
                 // A budget the user did not ask for never stops a load: without a plan every

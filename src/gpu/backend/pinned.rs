@@ -304,14 +304,7 @@ pub(super) fn plan(
     let budget = plan.vram_budget;
     for c in [DEFAULT_MAX_CHUNK, chunk] {
         let budget_now = budget.saturating_add(freed);
-        let Ok(mut p) = plan_for_budget(
-            ctx,
-            gguf,
-            context_length,
-            c,
-            budget_now,
-            plan.kv_value_bytes,
-        ) else {
+        let Ok(mut p) = plan_for_budget(ctx, gguf, context_length, c, budget_now, plan.kv) else {
             continue;
         };
         p.vram_budget = budget;

@@ -33,9 +33,10 @@ impl GpuSequence {
         let half = a.rotary_dims / 2;
         let x = View::new(&s.x_in, 0, h);
         // Keys and values land in the f32 caches directly, the keys normed and rotated there;
-        // with `--kv f16` in the chunk's stage buffers first, then rounded into the caches.
-        let f16 = cfg.kv == KvType::F16;
-        let (key_rows, value_rows, kv_off) = if f16 {
+        // with `--kv f16` or `q8_0` in the chunk's stage buffers first, then rounded into the
+        // caches.
+        let staged = cfg.kv != KvType::F32;
+        let (key_rows, value_rows, kv_off) = if staged {
             (&s.key_stage, &s.value_stage, 0)
         } else {
             (keys, values, pos0 * kv)
@@ -83,9 +84,9 @@ impl GpuSequence {
             pos0,
             1,
         )?;
-        if f16 {
-            ops::kv_pack(c, rec, &s.key_stage, keys, pos0 * kv, t * kv)?;
-            ops::kv_pack(c, rec, &s.value_stage, values, pos0 * kv, t * kv)?;
+        if staged {
+            ops::kv_pack(c, rec, cfg.kv, &s.key_stage, keys, pos0 * kv, t * kv)?;
+            ops::kv_pack(c, rec, cfg.kv, &s.value_stage, values, pos0 * kv, t * kv)?;
         }
         let mut params = QsaParams {
             tokens: t as u32,

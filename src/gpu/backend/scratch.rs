@@ -35,11 +35,9 @@ impl GpuSequence {
                         Some(ix) => (ix.ratio, a.indexer_head_dim),
                         None => (1, 1),
                     };
-                    // f16: two values per word, in a flat array over the tokens.
-                    let cached = match cfg.kv {
-                        KvType::F32 => ctx_len * kv,
-                        KvType::F16 => (ctx_len * kv).div_ceil(2),
-                    };
+                    // f16: two values per word, q8_0: 9 words per 32 values, in a flat array over
+                    // the tokens.
+                    let cached = cfg.kv.cache_bytes(ctx_len * kv) / 4;
                     LayerState::Qsa {
                         keys: zeros("key cache", cached)?,
                         values: zeros("value cache", cached)?,
@@ -118,7 +116,7 @@ impl Scratch {
         let qg = a.n_head * 2 * a.head_dim;
         let staged = match cfg.kv {
             KvType::F32 => 1,
-            KvType::F16 => t * a.n_head_kv * a.head_dim,
+            KvType::F16 | KvType::Q8_0 => t * a.n_head_kv * a.head_dim,
         };
         let k = m.n_expert_used;
         let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
