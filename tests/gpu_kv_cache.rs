@@ -161,3 +161,47 @@ fn kv_pack_q8_matches_the_cpu_rounding() {
         assert_eq!(got.to_bits(), w.to_bits(), "value {i}: {got} against {w}");
     }
 }
+
+/// The attention caches grow with the sequence (from 16 tokens here, doubling): the same bits as
+/// caches made for the whole context, over chunk sizes and through a fork made after growing, and
+/// a short sequence holds only what it needs.
+#[test]
+fn growing_caches_give_the_bits_of_whole_context_caches() {
+    use strata::engine::Sequence as _;
+    let Some(ctx) = context() else { return };
+    let ids = prompt_ids("p300");
+    for kv in [KvType::F32, KvType::Q8_0] {
+        let whole = gpu(&ctx, "IQ3_S", kv);
+        let tiers = TierArgs {
+            kv,
+            ..TierArgs::default()
+        };
+        let mut small =
+            GpuBackend::load_with(ctx.clone(), gguf("IQ3_S"), 1024, &tiers).expect("load");
+        small.set_kv_initial_tokens(16);
+        let small = Arc::new(small);
+        let want = run(&whole, &ids, ids.len());
+        for chunk in [7, 64, ids.len()] {
+            let got = run(&small, &ids, chunk);
+            assert_eq!(bits(&got), bits(&want), "{kv:?}: chunks of {chunk}");
+        }
+        let mut short = small.sequence().expect("sequence");
+        let mut long = whole.sequence().expect("sequence");
+        short.feed(&ids[..20], false).expect("feed");
+        long.feed(&ids[..20], false).expect("feed");
+        assert_eq!(short.kv_tokens(), 32, "{kv:?}: 16 doubled once");
+        assert!(
+            short.state_bytes() < long.state_bytes(),
+            "{kv:?}: a short sequence holds less"
+        );
+        let mut fork = short.try_fork().expect("fork");
+        let a = short.feed(&ids[20..], true).expect("feed");
+        let b = fork.feed(&ids[20..], true).expect("feed");
+        assert_eq!(bits(&a), bits(&b), "{kv:?}: fork after growing");
+        assert_eq!(
+            bits(&a),
+            bits(&want[20 * whole.info().vocab_size..]),
+            "{kv:?}: vs whole"
+        );
+    }
+}

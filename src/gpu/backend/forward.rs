@@ -202,6 +202,7 @@ impl GpuSequence {
         let pos0 = self.tokens.len();
         let t = chunk.len();
         let started = std::time::Instant::now();
+        self.reserve_kv(pos0 + t).map_err(gpu_err)?;
         self.tokens.extend_from_slice(chunk);
         let b = Arc::clone(&self.backend);
         let c = &*b.ctx;

@@ -549,6 +549,7 @@ impl GpuBackend {
             dummy,
             info,
             max_chunk,
+            kv_initial_tokens: KV_INITIAL_TOKENS,
             check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
             scratch: std::sync::Mutex::new(None),
             feed_lock: std::sync::Mutex::new(()),

@@ -35,7 +35,11 @@ use super::topk;
 use super::{GpuContext, GpuError};
 use crate::tiers::{MemoryPlan, PleReadError, PleRowReader, TierArgs, format_size};
 
-/// Default cap on tokens per sequence on the GPU (KV caches are allocated up front).
+/// Tokens a fresh sequence's attention caches hold: they grow (doubling, up to the context) as
+/// the sequence gets longer, so a short conversation does not hold a whole context's cache.
+pub const KV_INITIAL_TOKENS: usize = 4096;
+
+/// Default cap on tokens per sequence on the GPU.
 pub const DEFAULT_GPU_CONTEXT: usize = 32768;
 /// Tokens per forward chunk (activation buffers are sized for this).
 /// Tokens per prefill chunk with every weight resident: the routed experts of a chunk are grouped
@@ -185,6 +189,9 @@ pub struct GpuBackend {
     dummy: GpuBuf,
     info: ModelInfo,
     max_chunk: usize,
+    /// Tokens a fresh sequence's attention caches hold before they first grow (see
+    /// [`GpuSequence::reserve_kv`]).
+    kv_initial_tokens: usize,
     /// `STRATA_GPU_CHECK=1`: check the residual after every layer (slow; names the first bad stage).
     check_stages: bool,
     weight_bytes: usize,
@@ -284,6 +291,12 @@ impl GpuBackend {
     /// value (slow: one submission and readback per layer). Also on with `STRATA_GPU_CHECK=1`.
     pub fn set_check_stages(&mut self, on: bool) {
         self.check_stages = on;
+    }
+
+    /// Tokens a fresh sequence's attention caches are made for (default
+    /// [`KV_INITIAL_TOKENS`], at most the context); they grow as the sequence does. For tests.
+    pub fn set_kv_initial_tokens(&mut self, n: usize) {
+        self.kv_initial_tokens = n.max(1);
     }
 
     /// Tokens per GPU prefill chunk (the shared chunk buffers are sized for this many).
@@ -466,6 +479,8 @@ pub struct GpuSequence {
     scratch: Arc<Scratch>,
     /// VRAM of this sequence's own buffers (`layers`, `ple_history`), counted at allocation.
     state_bytes: usize,
+    /// Tokens the attention caches of `layers` have room for.
+    kv_tokens: usize,
     poisoned: bool,
     /// Collect per-dispatch GPU timestamps on the next feed (see [`GpuSequence::take_timings`]).
     profile: bool,

@@ -10,9 +10,8 @@ impl GpuSequence {
         let b = &backend;
         let c = &*b.ctx;
         let cfg = &b.config;
-        let ctx_len = b.info.context_length;
         let g = &cfg.gdn;
-        let a = &cfg.attention;
+        let kv_tokens = b.kv_initial_tokens.min(b.info.context_length).max(1);
         // Floats this sequence allocates, for `state_bytes`.
         let floats = std::cell::Cell::new(0usize);
         let zeros = |label: &str, n: usize| {
@@ -30,20 +29,9 @@ impl GpuSequence {
                     ssm: zeros("gdn state", g.n_v_heads * g.head_k_dim * g.head_v_dim)?,
                 },
                 MixerGpu::Qsa(q) => {
-                    let kv = a.n_head_kv * a.head_dim;
-                    let (ratio, idim) = match &q.indexer {
-                        Some(ix) => (ix.ratio, a.indexer_head_dim),
-                        None => (1, 1),
-                    };
-                    // f16: two values per word, q8_0: 9 words per 32 values, in a flat array over
-                    // the tokens.
-                    let cached = cfg.kv.cache_bytes(ctx_len * kv) / 4;
-                    LayerState::Qsa {
-                        keys: zeros("key cache", cached)?,
-                        values: zeros("value cache", cached)?,
-                        raw_index_keys: zeros("indexer key cache", ctx_len * idim)?,
-                        block_keys: zeros("block keys", (ctx_len / ratio + 1) * idim)?,
-                    }
+                    let (state, n) = qsa_state(b, q, kv_tokens)?;
+                    floats.set(floats.get() + n);
+                    state
                 }
             });
         }
@@ -58,12 +46,105 @@ impl GpuSequence {
             ple_history,
             scratch,
             state_bytes,
+            kv_tokens,
             poisoned: false,
             profile: false,
             timings: Vec::new(),
             bind_groups: BindGroupCache::new(),
         })
     }
+
+    /// Make room in the attention caches for `tokens` tokens: when they hold fewer, each is
+    /// remade for twice as many (at least `tokens`, at most the context) and the values so far
+    /// copied in, in place (every cache is a flat array over the tokens, so the layout of the
+    /// first tokens does not change with the size). Where a value lives never changes what is
+    /// computed from it.
+    pub(super) fn reserve_kv(&mut self, tokens: usize) -> Result<(), GpuError> {
+        let b = Arc::clone(&self.backend);
+        let ctx_len = b.info.context_length;
+        if tokens <= self.kv_tokens || self.kv_tokens >= ctx_len {
+            return Ok(());
+        }
+        let grown = tokens.max(2 * self.kv_tokens).min(ctx_len);
+        let c = &*b.ctx;
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kv grow"),
+            });
+        let mut added = 0;
+        for (state, l) in self.layers.iter_mut().zip(&b.layers) {
+            let (MixerGpu::Qsa(q), LayerState::Qsa { .. }) = (&l.mixer, &*state) else {
+                continue;
+            };
+            let (bigger, _) = qsa_state(&b, q, grown)?;
+            if let (
+                LayerState::Qsa {
+                    keys,
+                    values,
+                    raw_index_keys,
+                    block_keys,
+                },
+                LayerState::Qsa {
+                    keys: k2,
+                    values: v2,
+                    raw_index_keys: r2,
+                    block_keys: b2,
+                },
+            ) = (&*state, &bigger)
+            {
+                for (old, new) in [
+                    (keys, k2),
+                    (values, v2),
+                    (raw_index_keys, r2),
+                    (block_keys, b2),
+                ] {
+                    added += new.len - old.len;
+                    encoder.copy_buffer_to_buffer(
+                        &old.buffer,
+                        0,
+                        &new.buffer,
+                        0,
+                        (old.len * 4) as u64,
+                    );
+                }
+            }
+            *state = bigger;
+        }
+        c.queue.submit([encoder.finish()]);
+        self.state_bytes += added * 4;
+        self.kv_tokens = grown;
+        // Bind groups made for the old buffers would keep them alive.
+        self.bind_groups = BindGroupCache::new();
+        Ok(())
+    }
+
+    /// Tokens the attention caches have room for now.
+    pub fn kv_tokens(&self) -> usize {
+        self.kv_tokens
+    }
+}
+
+/// An attention layer's caches for `tokens` tokens, and the floats they take. f16: two values per
+/// word, q8_0: 9 words per 32 values; each a flat array over the tokens.
+fn qsa_state(b: &GpuBackend, q: &QsaGpu, tokens: usize) -> Result<(LayerState, usize), GpuError> {
+    let c = &*b.ctx;
+    let a = &b.config.attention;
+    let kv = a.n_head_kv * a.head_dim;
+    let (ratio, idim) = match &q.indexer {
+        Some(ix) => (ix.ratio, a.indexer_head_dim),
+        None => (1, 1),
+    };
+    let cached = b.config.kv.cache_bytes(tokens * kv) / 4;
+    let raw = tokens * idim;
+    let blocks = (tokens / ratio + 1) * idim;
+    let state = LayerState::Qsa {
+        keys: GpuBuf::zeros(c, "key cache", cached)?,
+        values: GpuBuf::zeros(c, "value cache", cached)?,
+        raw_index_keys: GpuBuf::zeros(c, "indexer key cache", raw)?,
+        block_keys: GpuBuf::zeros(c, "block keys", blocks)?,
+    };
+    Ok((state, 2 * cached + raw + blocks))
 }
 
 impl GpuBackend {

@@ -68,6 +68,7 @@ impl GpuSequence {
     /// A deep copy: a fresh sequence whose state buffers are GPU-side copies of ours.
     pub fn try_fork(&self) -> Result<GpuSequence, GpuError> {
         let mut copy = GpuSequence::new(Arc::clone(&self.backend))?;
+        copy.reserve_kv(self.kv_tokens)?;
         let c = &*self.backend.ctx;
         let mut encoder = c
             .device
