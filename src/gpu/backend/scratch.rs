@@ -66,6 +66,13 @@ impl GpuSequence {
             return Ok(());
         }
         let grown = tokens.max(2 * self.kv_tokens).min(ctx_len);
+        // Every new cache first, so a failed allocation leaves the sequence as it was.
+        let mut bigger = Vec::new();
+        for (i, l) in b.layers.iter().enumerate() {
+            if let MixerGpu::Qsa(q) = &l.mixer {
+                bigger.push((i, qsa_state(&b, q, grown)?.0));
+            }
+        }
         let c = &*b.ctx;
         let mut encoder = c
             .device
@@ -73,11 +80,10 @@ impl GpuSequence {
                 label: Some("kv grow"),
             });
         let mut added = 0;
-        for (state, l) in self.layers.iter_mut().zip(&b.layers) {
-            let (MixerGpu::Qsa(q), LayerState::Qsa { .. }) = (&l.mixer, &*state) else {
-                continue;
+        for (i, bigger) in bigger {
+            let Some(state) = self.layers.get_mut(i) else {
+                return Err(GpuError::BadArgs(format!("no layer {i}")));
             };
-            let (bigger, _) = qsa_state(&b, q, grown)?;
             if let (
                 LayerState::Qsa {
                     keys,
