@@ -755,23 +755,28 @@ pub fn kv_pack(
     count: usize,
 ) -> Result<(), GpuError> {
     need(stage, count, "kv stage")?;
-    if kv == KvType::Q8_0 {
-        return kv_pack_q8(ctx, rec, stage, cache, first, count);
-    }
-    if kv != KvType::F16 {
-        return Err(GpuError::BadArgs(format!("no pack for a {kv:?} cache")));
-    }
     let end = first + count;
-    if cache.len < end.div_ceil(2) {
+    // The entry point, the cache words the values end in, and one invocation per word (f16) or
+    // per block (q8_0).
+    let (entry, words, invocations) = match kv {
+        KvType::F16 => ("kv_pack", end.div_ceil(2), end.div_ceil(2) - first / 2),
+        KvType::Q8_0 => {
+            let block = crate::model::config::KV_Q8_BLOCK;
+            if !first.is_multiple_of(block) || !count.is_multiple_of(block) {
+                return Err(GpuError::BadArgs(format!(
+                    "q8_0 cache: values {first}..{end} are not whole blocks"
+                )));
+            }
+            ("kv_pack_q8", end / block * 9, count / block)
+        }
+        KvType::F32 => return Err(GpuError::BadArgs("no pack for an f32 cache".into())),
+    };
+    if cache.len < words || invocations.div_ceil(64) > 65535 {
         return Err(GpuError::BadArgs(format!(
-            "f16 cache of {} words: values {first}..{end} do not fit",
+            "{kv:?} cache of {} words: values {first}..{end} do not fit one pack",
             cache.len
         )));
     }
-    let words = end.div_ceil(2) - first / 2;
-    if words.div_ceil(64) > 65535 {
-        return Err(GpuError::BadArgs(format!("kv pack of {count} values")));
-    }
     let params = QsaParams {
         off: u(first)?,
         row_stride: u(count)?,
@@ -779,47 +784,10 @@ pub fn kv_pack(
     };
     rec.push(
         ctx,
-        &PipelineKey::new("qsa", "kv_pack"),
+        &PipelineKey::new("qsa", entry),
         &[(12, &*stage.buffer), (13, &*cache.buffer)],
         bytemuck::bytes_of(&params),
-        [u(words.div_ceil(64))?, 1, 1],
-    )
-}
-
-fn kv_pack_q8(
-    ctx: &GpuContext,
-    rec: &mut Recorder,
-    stage: &GpuBuf,
-    cache: &GpuBuf,
-    first: usize,
-    count: usize,
-) -> Result<(), GpuError> {
-    let block = crate::model::config::KV_Q8_BLOCK;
-    if !first.is_multiple_of(block) || !count.is_multiple_of(block) {
-        return Err(GpuError::BadArgs(format!(
-            "q8_0 cache: values {first}..{} are not whole blocks",
-            first + count
-        )));
-    }
-    let blocks = count / block;
-    if cache.len < (first + count) / block * 9 || blocks.div_ceil(64) > 65535 {
-        return Err(GpuError::BadArgs(format!(
-            "q8_0 cache of {} words: values {first}..{}",
-            cache.len,
-            first + count
-        )));
-    }
-    let params = QsaParams {
-        off: u(first)?,
-        row_stride: u(count)?,
-        ..Default::default()
-    };
-    rec.push(
-        ctx,
-        &PipelineKey::new("qsa", "kv_pack_q8"),
-        &[(12, &*stage.buffer), (13, &*cache.buffer)],
-        bytemuck::bytes_of(&params),
-        [u(blocks.div_ceil(64))?, 1, 1],
+        [u(invocations.div_ceil(64))?, 1, 1],
     )
 }
 
