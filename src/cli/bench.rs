@@ -619,6 +619,11 @@ fn profile_feed(
             .iter()
             .map(|(l, ns, n)| serde_json::json!({"kernel": l, "dispatches": n, "us": ns / 1e3}))
             .collect::<Vec<_>>(),
+        // Every dispatch in recording order (label, GPU us): where a layer's time goes.
+        "timeline": timings
+            .iter()
+            .map(|(l, ns)| serde_json::json!([l, (ns / 10.0).round() / 100.0]))
+            .collect::<Vec<_>>(),
     }))
 }
 
