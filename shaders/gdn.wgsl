@@ -322,6 +322,8 @@ fn gdn_recurrence(@builtin(workgroup_id) wg: vec3<u32>,
 var<workgroup> OUTB: array<f32, 2048>;
 var<workgroup> RED: array<f32, 1024>;
 var<workgroup> INV: array<f32, 8>;
+// Runs of 8 of each token's partial sums (at most BATCH * 1024 / BATCH / 8 = 128).
+var<workgroup> RUNS: array<f32, 128>;
 
 @compute @workgroup_size(HEAD_WG)
 fn gdn_recurrence_norm(@builtin(workgroup_id) wg: vec3<u32>,
@@ -393,7 +395,8 @@ fn recur(w: Cols, tid: u32, g: u32, normed: bool) {
 
 // The gated RMS norm of the batch's n outputs (OUTB, one head per workgroup): invocation tid adds
 // the squares of columns tid % P, tid % P + P, ... of token tid / P (P = wg_size / BATCH) in
-// order; invocation t < n adds token t's P partial sums in order, inv = 1 / sqrt(mean + eps);
+// order; token t's P partial sums are added in runs of 8 (in order), then the runs in order,
+// inv = 1 / sqrt(mean + eps);
 // each output is (y * inv) * weight * sigmoid(z), as rmsnorm_gated stores it.
 fn gated_norm(t0: u32, n: u32, tid: u32, w: Cols) {
     workgroupBarrier();
@@ -408,10 +411,23 @@ fn gated_norm(t0: u32, n: u32, tid: u32, w: Cols) {
     }
     RED[tid] = acc;
     workgroupBarrier();
+    // Token t's `per` partial sums in runs of 8, each run in order (one invocation per run), then
+    // the runs in order: two short serial sums instead of one long one.
+    let runs = (per + 7u) / 8u;
+    if (tid < n * runs) {
+        let t = tid / runs;
+        let r = tid % runs;
+        var run = 0.0;
+        for (var q = 8u * r; q < min(per, 8u * r + 8u); q++) {
+            run += RED[t * per + q];
+        }
+        RUNS[tid] = run;
+    }
+    workgroupBarrier();
     if (tid < n) {
         var total = 0.0;
-        for (var q = 0u; q < per; q++) {
-            total += RED[tid * per + q];
+        for (var r = 0u; r < runs; r++) {
+            total += RUNS[tid * runs + r];
         }
         INV[tid] = 1.0 / sqrt(total / f32(p.dv) + p.eps);
     }

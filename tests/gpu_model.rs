@@ -333,8 +333,10 @@ fn bench_ablation_and_small_kernels_report() {
         .iter()
         .map(|r| r["kernel"].as_str().expect("kernel"))
         .collect();
-    assert_eq!(kernels.len(), 5, "{kernels:?}");
+    assert_eq!(kernels.len(), 10, "{kernels:?}");
     assert_eq!(kernels[0], "empty dispatch");
+    assert!(kernels.iter().any(|k| k.starts_with("empty grid of 4096")));
+    assert!(kernels.iter().any(|k| k.starts_with("read 2.7 MB")));
     assert!(kernels.iter().any(|k| k.starts_with("moe_router_wide")));
     assert!(kernels.iter().any(|k| k.starts_with("moe_router ")));
 }

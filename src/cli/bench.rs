@@ -353,6 +353,30 @@ fn bench_small() -> anyhow::Result<serde_json::Value> {
         )?;
     }
     rows.push(("empty dispatch".to_string(), per_dispatch(&rec)?));
+    // What a grid costs by itself, and one pass over a small weight's bytes: the floor under the
+    // decode step's small kernels (every one of these dispatches writes `wide_out`, so each
+    // depends on the one before).
+    let wide_src = GpuBuf::zeros(&ctx, "probe source", 1 << 20)?;
+    let wide_out = GpuBuf::zeros(&ctx, "probe wide out", 4096 * 256)?;
+    for (what, groups, n_vec4) in [
+        ("empty grid of 64 x 256", 64u32, 0u32),
+        ("empty grid of 512 x 256", 512, 0),
+        ("empty grid of 4096 x 256", 4096, 0),
+        ("read 2.7 MB (L2), 512 x 256", 512, 172_032),
+        ("read 2.7 MB (L2), 4096 x 256", 4096, 172_032),
+    ] {
+        let mut rec = Recorder::new();
+        for _ in 0..N {
+            rec.push(
+                &ctx,
+                &PipelineKey::new("read", "read_stream"),
+                &[(0, &wide_src.buffer), (1, &wide_out.buffer)],
+                bytemuck::bytes_of(&n_vec4),
+                [groups, 1, 1],
+            )?;
+        }
+        rows.push((what.to_string(), per_dispatch(&rec)?));
+    }
     let n_expert = 512;
     let logits: Vec<f32> = (0..n_expert)
         .map(|i| ((i * 37) % 101) as f32 * 0.01)

@@ -899,6 +899,18 @@ pub fn qsa_partials_len(tokens: usize, heads: usize, hd: usize) -> usize {
     tokens * heads * QSA_MAX_KEYS.div_ceil(QSA_CHUNK) * (hd + 2)
 }
 
+/// Dims per key tile of `qsa_attend` (its KT_DIMS): 32 where the device's workgroup memory holds
+/// the larger tile with the kernel's other arrays (40 KiB), else 16. The same bits either way
+/// (`STRATA_ATTEND_TILE=16` forces the smaller tile, to check that).
+fn attend_tile_dims(ctx: &GpuContext) -> u32 {
+    let forced_small = std::env::var("STRATA_ATTEND_TILE").as_deref() == Ok("16");
+    if !forced_small && ctx.limits.max_compute_workgroup_storage_size >= 40 * 1024 {
+        32
+    } else {
+        16
+    }
+}
+
 /// Attention over the selected keys, with the sigmoid output gate: partial softmax per chunk of
 /// keys into `partials`, then the chunks merged in order (two dispatches).
 #[allow(clippy::too_many_arguments)]
@@ -923,7 +935,9 @@ pub fn qsa_attend(
         KvType::F16 => 1.0,
         KvType::Q8_0 => 2.0,
     };
-    let attend = PipelineKey::new("qsa", "qsa_attend").constant("KV_MODE", mode);
+    let attend = PipelineKey::new("qsa", "qsa_attend")
+        .constant("KV_MODE", mode)
+        .constant("KT_DIMS", attend_tile_dims(ctx) as f64);
     need(partials, qsa_partials_len(t, h, hd), "qsa partials")?;
     let params = QsaParams {
         max_blocks: u(chunks)?,
