@@ -34,9 +34,9 @@ pub struct Args {
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
     /// Synthetic benchmark instead of a model: `matvec` (per-quant mat-vec roofline at the real
-    /// model's shapes), `small` (what an empty dependent dispatch and the MoE router cost inside
-    /// a pass) or `full` (a random model of the real widths, `--layers` and `--routed-experts`
-    /// deep, run like `--model`).
+    /// model's shapes), `small` (what dependent dispatches cost inside a pass: empty ones of
+    /// several grid sizes, a 2.7 MB read and the MoE router) or `full` (a random model of the
+    /// real widths, `--layers` and `--routed-experts` deep, run like `--model`).
     #[arg(long)]
     pub synthetic: Option<String>,
     /// Quant types for `--synthetic matvec` (comma-separated, default: all GPU types); for
