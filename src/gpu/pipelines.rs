@@ -137,3 +137,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         Err(poisoned) => poisoned.into_inner(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_checks;
+
+    /// The default keeps wgpu's bounds checks (no kernel may reach past a binding) and drops only
+    /// the loop counters and division guards; `full` keeps everything.
+    #[test]
+    fn default_checks_keep_bounds_checks() {
+        if std::env::var("STRATA_SHADER_CHECKS").is_ok() {
+            return;
+        }
+        let checks = runtime_checks().expect("lean checks by default");
+        assert!(checks.bounds_checks);
+        assert!(!checks.force_loop_bounding);
+        assert!(!checks.int_div_checks);
+    }
+}
