@@ -146,6 +146,12 @@ impl GpuSequence {
                     ratio,
                 )?;
             }
+            // While every token of the chunk has at most `budget` complete blocks, each keeps all
+            // of them: the same keys in the same order as dense attention (key j is position j),
+            // so the same bits, without the index query's norm and the selection.
+            if (pos0 + t) / ratio <= budget {
+                return self.attend_and_combine(rec, w, state, &params, t);
+            }
             ops::rmsnorm_rope(
                 c,
                 rec,
@@ -184,19 +190,38 @@ impl GpuSequence {
             params.budget = budget as u32;
             params.dense = 0;
         }
+        self.attend_and_combine(rec, w, state, &params, t)
+    }
+
+    /// Attention over the keys `params` selects (all of them when dense), then the output
+    /// projection added into the wide residual.
+    fn attend_and_combine(
+        &self,
+        rec: &mut Recorder,
+        w: &QsaGpu,
+        state: &LayerState,
+        params: &QsaParams,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let LayerState::Qsa { keys, values, .. } = state else {
+            return Err(GpuError::BadArgs("attention layer with GDN state".into()));
+        };
+        let b = &self.backend;
+        let s = &self.scratch;
+        let a = &b.config.attention;
         ops::qsa_attend(
-            c,
+            &b.ctx,
             rec,
-            &params,
+            params,
             &s.query_gate,
             keys,
             values,
             &s.selected,
             &s.attn_parts,
             &s.attended,
-            cfg.kv,
+            b.config.kv,
         )?;
-        let x = View::new(&s.attended, 0, a.n_head * hd);
+        let x = View::new(&s.attended, 0, a.n_head * a.head_dim);
         self.out_and_combine(rec, &w.out, x, t)
     }
 }
