@@ -426,106 +426,85 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         var j = 0u;
         // As above: sixteen (then eight, four) steps' loads first, then the fmas in step order.
         for (; j + 64u <= nk4; j += 64u) {
-            let u0 = vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
-                               value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
-            let u1 = vec4<f32>(value_at(kpos[j + 4u] * kv_width + v0), value_at(kpos[j + 5u] * kv_width + v0),
-                               value_at(kpos[j + 6u] * kv_width + v0), value_at(kpos[j + 7u] * kv_width + v0));
-            let u2 = vec4<f32>(value_at(kpos[j + 8u] * kv_width + v0), value_at(kpos[j + 9u] * kv_width + v0),
-                               value_at(kpos[j + 10u] * kv_width + v0), value_at(kpos[j + 11u] * kv_width + v0));
-            let u3 = vec4<f32>(value_at(kpos[j + 12u] * kv_width + v0), value_at(kpos[j + 13u] * kv_width + v0),
-                               value_at(kpos[j + 14u] * kv_width + v0), value_at(kpos[j + 15u] * kv_width + v0));
-            let u4 = vec4<f32>(value_at(kpos[j + 16u] * kv_width + v0), value_at(kpos[j + 17u] * kv_width + v0),
-                               value_at(kpos[j + 18u] * kv_width + v0), value_at(kpos[j + 19u] * kv_width + v0));
-            let u5 = vec4<f32>(value_at(kpos[j + 20u] * kv_width + v0), value_at(kpos[j + 21u] * kv_width + v0),
-                               value_at(kpos[j + 22u] * kv_width + v0), value_at(kpos[j + 23u] * kv_width + v0));
-            let u6 = vec4<f32>(value_at(kpos[j + 24u] * kv_width + v0), value_at(kpos[j + 25u] * kv_width + v0),
-                               value_at(kpos[j + 26u] * kv_width + v0), value_at(kpos[j + 27u] * kv_width + v0));
-            let u7 = vec4<f32>(value_at(kpos[j + 28u] * kv_width + v0), value_at(kpos[j + 29u] * kv_width + v0),
-                               value_at(kpos[j + 30u] * kv_width + v0), value_at(kpos[j + 31u] * kv_width + v0));
-            let u8 = vec4<f32>(value_at(kpos[j + 32u] * kv_width + v0), value_at(kpos[j + 33u] * kv_width + v0),
-                               value_at(kpos[j + 34u] * kv_width + v0), value_at(kpos[j + 35u] * kv_width + v0));
-            let u9 = vec4<f32>(value_at(kpos[j + 36u] * kv_width + v0), value_at(kpos[j + 37u] * kv_width + v0),
-                               value_at(kpos[j + 38u] * kv_width + v0), value_at(kpos[j + 39u] * kv_width + v0));
-            let u10 = vec4<f32>(value_at(kpos[j + 40u] * kv_width + v0), value_at(kpos[j + 41u] * kv_width + v0),
-                               value_at(kpos[j + 42u] * kv_width + v0), value_at(kpos[j + 43u] * kv_width + v0));
-            let u11 = vec4<f32>(value_at(kpos[j + 44u] * kv_width + v0), value_at(kpos[j + 45u] * kv_width + v0),
-                               value_at(kpos[j + 46u] * kv_width + v0), value_at(kpos[j + 47u] * kv_width + v0));
-            let u12 = vec4<f32>(value_at(kpos[j + 48u] * kv_width + v0), value_at(kpos[j + 49u] * kv_width + v0),
-                               value_at(kpos[j + 50u] * kv_width + v0), value_at(kpos[j + 51u] * kv_width + v0));
-            let u13 = vec4<f32>(value_at(kpos[j + 52u] * kv_width + v0), value_at(kpos[j + 53u] * kv_width + v0),
-                               value_at(kpos[j + 54u] * kv_width + v0), value_at(kpos[j + 55u] * kv_width + v0));
-            let u14 = vec4<f32>(value_at(kpos[j + 56u] * kv_width + v0), value_at(kpos[j + 57u] * kv_width + v0),
-                               value_at(kpos[j + 58u] * kv_width + v0), value_at(kpos[j + 59u] * kv_width + v0));
-            let u15 = vec4<f32>(value_at(kpos[j + 60u] * kv_width + v0), value_at(kpos[j + 61u] * kv_width + v0),
-                               value_at(kpos[j + 62u] * kv_width + v0), value_at(kpos[j + 63u] * kv_width + v0));
-            acc = fma(vec4<f32>(wts[j], wts[j + 1u], wts[j + 2u], wts[j + 3u]), u0, acc);
-            acc = fma(vec4<f32>(wts[j + 4u], wts[j + 5u], wts[j + 6u], wts[j + 7u]), u1, acc);
-            acc = fma(vec4<f32>(wts[j + 8u], wts[j + 9u], wts[j + 10u], wts[j + 11u]), u2, acc);
-            acc = fma(vec4<f32>(wts[j + 12u], wts[j + 13u], wts[j + 14u], wts[j + 15u]), u3, acc);
-            acc = fma(vec4<f32>(wts[j + 16u], wts[j + 17u], wts[j + 18u], wts[j + 19u]), u4, acc);
-            acc = fma(vec4<f32>(wts[j + 20u], wts[j + 21u], wts[j + 22u], wts[j + 23u]), u5, acc);
-            acc = fma(vec4<f32>(wts[j + 24u], wts[j + 25u], wts[j + 26u], wts[j + 27u]), u6, acc);
-            acc = fma(vec4<f32>(wts[j + 28u], wts[j + 29u], wts[j + 30u], wts[j + 31u]), u7, acc);
-            acc = fma(vec4<f32>(wts[j + 32u], wts[j + 33u], wts[j + 34u], wts[j + 35u]), u8, acc);
-            acc = fma(vec4<f32>(wts[j + 36u], wts[j + 37u], wts[j + 38u], wts[j + 39u]), u9, acc);
-            acc = fma(vec4<f32>(wts[j + 40u], wts[j + 41u], wts[j + 42u], wts[j + 43u]), u10, acc);
-            acc = fma(vec4<f32>(wts[j + 44u], wts[j + 45u], wts[j + 46u], wts[j + 47u]), u11, acc);
-            acc = fma(vec4<f32>(wts[j + 48u], wts[j + 49u], wts[j + 50u], wts[j + 51u]), u12, acc);
-            acc = fma(vec4<f32>(wts[j + 52u], wts[j + 53u], wts[j + 54u], wts[j + 55u]), u13, acc);
-            acc = fma(vec4<f32>(wts[j + 56u], wts[j + 57u], wts[j + 58u], wts[j + 59u]), u14, acc);
-            acc = fma(vec4<f32>(wts[j + 60u], wts[j + 61u], wts[j + 62u], wts[j + 63u]), u15, acc);
+            let u0 = vals4(j, kv_width, v0);
+            let u1 = vals4(j + 4u, kv_width, v0);
+            let u2 = vals4(j + 8u, kv_width, v0);
+            let u3 = vals4(j + 12u, kv_width, v0);
+            let u4 = vals4(j + 16u, kv_width, v0);
+            let u5 = vals4(j + 20u, kv_width, v0);
+            let u6 = vals4(j + 24u, kv_width, v0);
+            let u7 = vals4(j + 28u, kv_width, v0);
+            let u8 = vals4(j + 32u, kv_width, v0);
+            let u9 = vals4(j + 36u, kv_width, v0);
+            let u10 = vals4(j + 40u, kv_width, v0);
+            let u11 = vals4(j + 44u, kv_width, v0);
+            let u12 = vals4(j + 48u, kv_width, v0);
+            let u13 = vals4(j + 52u, kv_width, v0);
+            let u14 = vals4(j + 56u, kv_width, v0);
+            let u15 = vals4(j + 60u, kv_width, v0);
+            acc = fma(wts4(j), u0, acc);
+            acc = fma(wts4(j + 4u), u1, acc);
+            acc = fma(wts4(j + 8u), u2, acc);
+            acc = fma(wts4(j + 12u), u3, acc);
+            acc = fma(wts4(j + 16u), u4, acc);
+            acc = fma(wts4(j + 20u), u5, acc);
+            acc = fma(wts4(j + 24u), u6, acc);
+            acc = fma(wts4(j + 28u), u7, acc);
+            acc = fma(wts4(j + 32u), u8, acc);
+            acc = fma(wts4(j + 36u), u9, acc);
+            acc = fma(wts4(j + 40u), u10, acc);
+            acc = fma(wts4(j + 44u), u11, acc);
+            acc = fma(wts4(j + 48u), u12, acc);
+            acc = fma(wts4(j + 52u), u13, acc);
+            acc = fma(wts4(j + 56u), u14, acc);
+            acc = fma(wts4(j + 60u), u15, acc);
         }
         for (; j + 32u <= nk4; j += 32u) {
-            let va = vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
-                               value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
-            let vb = vec4<f32>(value_at(kpos[j + 4u] * kv_width + v0), value_at(kpos[j + 5u] * kv_width + v0),
-                               value_at(kpos[j + 6u] * kv_width + v0), value_at(kpos[j + 7u] * kv_width + v0));
-            let vc = vec4<f32>(value_at(kpos[j + 8u] * kv_width + v0), value_at(kpos[j + 9u] * kv_width + v0),
-                               value_at(kpos[j + 10u] * kv_width + v0), value_at(kpos[j + 11u] * kv_width + v0));
-            let vd = vec4<f32>(value_at(kpos[j + 12u] * kv_width + v0), value_at(kpos[j + 13u] * kv_width + v0),
-                               value_at(kpos[j + 14u] * kv_width + v0), value_at(kpos[j + 15u] * kv_width + v0));
-            let ve = vec4<f32>(value_at(kpos[j + 16u] * kv_width + v0), value_at(kpos[j + 17u] * kv_width + v0),
-                               value_at(kpos[j + 18u] * kv_width + v0), value_at(kpos[j + 19u] * kv_width + v0));
-            let vf = vec4<f32>(value_at(kpos[j + 20u] * kv_width + v0), value_at(kpos[j + 21u] * kv_width + v0),
-                               value_at(kpos[j + 22u] * kv_width + v0), value_at(kpos[j + 23u] * kv_width + v0));
-            let vg = vec4<f32>(value_at(kpos[j + 24u] * kv_width + v0), value_at(kpos[j + 25u] * kv_width + v0),
-                               value_at(kpos[j + 26u] * kv_width + v0), value_at(kpos[j + 27u] * kv_width + v0));
-            let vh = vec4<f32>(value_at(kpos[j + 28u] * kv_width + v0), value_at(kpos[j + 29u] * kv_width + v0),
-                               value_at(kpos[j + 30u] * kv_width + v0), value_at(kpos[j + 31u] * kv_width + v0));
-            acc = fma(vec4<f32>(wts[j], wts[j + 1u], wts[j + 2u], wts[j + 3u]), va, acc);
-            acc = fma(vec4<f32>(wts[j + 4u], wts[j + 5u], wts[j + 6u], wts[j + 7u]), vb, acc);
-            acc = fma(vec4<f32>(wts[j + 8u], wts[j + 9u], wts[j + 10u], wts[j + 11u]), vc, acc);
-            acc = fma(vec4<f32>(wts[j + 12u], wts[j + 13u], wts[j + 14u], wts[j + 15u]), vd, acc);
-            acc = fma(vec4<f32>(wts[j + 16u], wts[j + 17u], wts[j + 18u], wts[j + 19u]), ve, acc);
-            acc = fma(vec4<f32>(wts[j + 20u], wts[j + 21u], wts[j + 22u], wts[j + 23u]), vf, acc);
-            acc = fma(vec4<f32>(wts[j + 24u], wts[j + 25u], wts[j + 26u], wts[j + 27u]), vg, acc);
-            acc = fma(vec4<f32>(wts[j + 28u], wts[j + 29u], wts[j + 30u], wts[j + 31u]), vh, acc);
+            let u0 = vals4(j, kv_width, v0);
+            let u1 = vals4(j + 4u, kv_width, v0);
+            let u2 = vals4(j + 8u, kv_width, v0);
+            let u3 = vals4(j + 12u, kv_width, v0);
+            let u4 = vals4(j + 16u, kv_width, v0);
+            let u5 = vals4(j + 20u, kv_width, v0);
+            let u6 = vals4(j + 24u, kv_width, v0);
+            let u7 = vals4(j + 28u, kv_width, v0);
+            acc = fma(wts4(j), u0, acc);
+            acc = fma(wts4(j + 4u), u1, acc);
+            acc = fma(wts4(j + 8u), u2, acc);
+            acc = fma(wts4(j + 12u), u3, acc);
+            acc = fma(wts4(j + 16u), u4, acc);
+            acc = fma(wts4(j + 20u), u5, acc);
+            acc = fma(wts4(j + 24u), u6, acc);
+            acc = fma(wts4(j + 28u), u7, acc);
         }
         for (; j + 16u <= nk4; j += 16u) {
-            let va = vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
-                               value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
-            let vb = vec4<f32>(value_at(kpos[j + 4u] * kv_width + v0), value_at(kpos[j + 5u] * kv_width + v0),
-                               value_at(kpos[j + 6u] * kv_width + v0), value_at(kpos[j + 7u] * kv_width + v0));
-            let vc = vec4<f32>(value_at(kpos[j + 8u] * kv_width + v0), value_at(kpos[j + 9u] * kv_width + v0),
-                               value_at(kpos[j + 10u] * kv_width + v0), value_at(kpos[j + 11u] * kv_width + v0));
-            let vd = vec4<f32>(value_at(kpos[j + 12u] * kv_width + v0), value_at(kpos[j + 13u] * kv_width + v0),
-                               value_at(kpos[j + 14u] * kv_width + v0), value_at(kpos[j + 15u] * kv_width + v0));
-            acc = fma(vec4<f32>(wts[j], wts[j + 1u], wts[j + 2u], wts[j + 3u]), va, acc);
-            acc = fma(vec4<f32>(wts[j + 4u], wts[j + 5u], wts[j + 6u], wts[j + 7u]), vb, acc);
-            acc = fma(vec4<f32>(wts[j + 8u], wts[j + 9u], wts[j + 10u], wts[j + 11u]), vc, acc);
-            acc = fma(vec4<f32>(wts[j + 12u], wts[j + 13u], wts[j + 14u], wts[j + 15u]), vd, acc);
+            let u0 = vals4(j, kv_width, v0);
+            let u1 = vals4(j + 4u, kv_width, v0);
+            let u2 = vals4(j + 8u, kv_width, v0);
+            let u3 = vals4(j + 12u, kv_width, v0);
+            acc = fma(wts4(j), u0, acc);
+            acc = fma(wts4(j + 4u), u1, acc);
+            acc = fma(wts4(j + 8u), u2, acc);
+            acc = fma(wts4(j + 12u), u3, acc);
         }
         for (; j < nk4; j += 4u) {
-            acc.x = fma(wts[j], value_at(kpos[j] * kv_width + v0), acc.x);
-            acc.y = fma(wts[j + 1u], value_at(kpos[j + 1u] * kv_width + v0), acc.y);
-            acc.z = fma(wts[j + 2u], value_at(kpos[j + 2u] * kv_width + v0), acc.z);
-            acc.w = fma(wts[j + 3u], value_at(kpos[j + 3u] * kv_width + v0), acc.w);
+            acc = fma(wts4(j), vals4(j, kv_width, v0), acc);
         }
         for (var j = nk4; j < nk; j++) {
             acc.x = fma(wts[j], value_at(kpos[j] * kv_width + v0), acc.x);
         }
         PART[out + 2u + i] = (acc.x + acc.y) + (acc.z + acc.w);
     }
+}
+
+// Values at offset v0 of keys j .. j + 3 of the chunk (rows kv_width apart), and their weights.
+fn vals4(j: u32, kv_width: u32, v0: u32) -> vec4<f32> {
+    return vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
+                     value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
+}
+
+fn wts4(j: u32) -> vec4<f32> {
+    return vec4<f32>(wts[j], wts[j + 1u], wts[j + 2u], wts[j + 3u]);
 }
 
 // Grid (heads, tokens): merge the chunks of qsa_attend in chunk order, apply the output gate.

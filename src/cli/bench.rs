@@ -340,26 +340,14 @@ fn bench_small() -> anyhow::Result<serde_json::Value> {
         Ok((best_wall_seconds(&ctx, rec, 5)? - overhead) / N as f64 * 1e6)
     };
     let mut rows = Vec::new();
-    let src = GpuBuf::zeros(&ctx, "probe", 4)?;
-    let out = GpuBuf::zeros(&ctx, "probe out", 256)?;
-    let mut rec = Recorder::new();
-    for _ in 0..N {
-        rec.push(
-            &ctx,
-            &PipelineKey::new("read", "read_stream"),
-            &[(0, &src.buffer), (1, &out.buffer)],
-            bytemuck::bytes_of(&0u32),
-            [1, 1, 1],
-        )?;
-    }
-    rows.push(("empty dispatch".to_string(), per_dispatch(&rec)?));
-    // What a grid costs by itself, and one pass over a small weight's bytes: the floor under the
-    // decode step's small kernels (every one of these dispatches writes `wide_out`, so each
-    // depends on the one before).
-    let wide_src = GpuBuf::zeros(&ctx, "probe source", 1 << 20)?;
-    let wide_out = GpuBuf::zeros(&ctx, "probe wide out", 4096 * 256)?;
+    // An empty dispatch, what a grid costs by itself, and one pass over a small weight's bytes:
+    // the floor under the decode step's small kernels (every one of these dispatches writes
+    // `out`, so each depends on the one before).
+    let src = GpuBuf::zeros(&ctx, "probe source", 1 << 20)?;
+    let out = GpuBuf::zeros(&ctx, "probe out", 4096 * 256)?;
     for (what, groups, n_vec4) in [
-        ("empty grid of 64 x 256", 64u32, 0u32),
+        ("empty dispatch", 1u32, 0u32),
+        ("empty grid of 64 x 256", 64, 0),
         ("empty grid of 512 x 256", 512, 0),
         ("empty grid of 4096 x 256", 4096, 0),
         ("read 2.7 MB (L2), 512 x 256", 512, 172_032),
@@ -370,7 +358,7 @@ fn bench_small() -> anyhow::Result<serde_json::Value> {
             rec.push(
                 &ctx,
                 &PipelineKey::new("read", "read_stream"),
-                &[(0, &wide_src.buffer), (1, &wide_out.buffer)],
+                &[(0, &src.buffer), (1, &out.buffer)],
                 bytemuck::bytes_of(&n_vec4),
                 [groups, 1, 1],
             )?;
