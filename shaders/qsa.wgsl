@@ -289,17 +289,26 @@ fn kc4(at: u32) -> vec4<f32> {
 //          out_i = (sum_c acc_c,i exp(m_c - M)) / L * sigmoid(gate_i), in chunk order
 const ATT_CHUNK: u32 = 256u;
 const ATT_WG: u32 = 256u;
-var<workgroup> wts: array<f32, ATT_CHUNK>;
+// Query heads per workgroup (the launcher's choice, dividing the heads per kv head): the GROUP
+// heads of one kv head share each key tile and each value load. Every head's arithmetic below is
+// the same whatever the group (its own fma chains, its own fixed-shape trees), so the same bits;
+// decode steps take 1 (the heads spread over workgroups), prefill chunks more.
+override GROUP: u32 = 1u;
+const MAX_GROUP: u32 = 16u;
 var<workgroup> kpos: array<u32, ATT_CHUNK>;
-var<workgroup> att_red: array<f32, ATT_WG>;
 // Key tiles of qsa_attend: KT_DIMS dims of each of the chunk's keys, rows padded to KT_STRIDE
 // vec4 so that neighbouring invocations' rows start in different banks.
-// KT_DIMS is 16 or 32 (the launcher's choice from the workgroup memory the device has: 32 needs
-// 37 KiB): the dot products take the dims in the same order whatever the tile, so the same bits;
-// larger tiles take half the rounds of loads and barriers.
+// KT_DIMS is 16 or 32 (the launcher's choice from the workgroup memory the device has): the dot
+// products take the dims in the same order whatever the tile, so the same bits; larger tiles take
+// half the rounds of loads and barriers.
 override KT_DIMS: u32 = 16u;
 override KT_STRIDE: u32 = KT_DIMS / 4u + 1u;
 var<workgroup> KT: array<vec4<f32>, ATT_CHUNK * KT_STRIDE>;
+// wts[g * ATT_CHUNK + j]: head g's weight of key j; att_red[g * ATT_WG + l]: head g's trees.
+// (Arrays sized by override expressions come after every named override: naga 30 processes the
+// overrides in declaration order and cannot take an unnamed one before a named one.)
+var<workgroup> wts: array<f32, ATT_CHUNK * GROUP>;
+var<workgroup> att_red: array<f32, ATT_WG * GROUP>;
 
 fn key_position(t: u32, j: u32, pos: u32) -> u32 {
     if (p.dense != 0u) {
@@ -322,39 +331,32 @@ fn allowed_keys(t: u32, pos: u32) -> u32 {
     return SELR[t * (p.budget + 1u)] * p.ratio + (pos + 1u - nb * p.ratio);
 }
 
-// Tree reduction of att_red over ATT_WG (a fixed shape: the same bits every time).
-fn tree_max(v: f32, lid: u32) -> f32 {
-    att_red[lid] = v;
+// One fixed-shape binary tree per head of the group over its att_red slots (pairs l, l + st for
+// st = ATT_WG / 2, ..., 1: every head's tree has this shape whatever the group), max or sum,
+// sharing the barriers. The values are stored before the call; results are left in slot 0.
+fn group_trees(lid: u32, is_max: bool) {
     workgroupBarrier();
     for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
         if (lid < st) {
-            att_red[lid] = max(att_red[lid], att_red[lid + st]);
+            for (var g = 0u; g < GROUP; g++) {
+                let a = att_red[g * ATT_WG + lid];
+                let b = att_red[g * ATT_WG + lid + st];
+                att_red[g * ATT_WG + lid] = select(a + b, max(a, b), is_max);
+            }
         }
         workgroupBarrier();
     }
-    let r = att_red[0];
-    workgroupBarrier();
-    return r;
 }
 
-fn tree_sum(v: f32, lid: u32) -> f32 {
-    att_red[lid] = v;
-    workgroupBarrier();
-    for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
-        if (lid < st) {
-            att_red[lid] = att_red[lid] + att_red[lid + st];
-        }
-        workgroupBarrier();
-    }
-    let r = att_red[0];
-    workgroupBarrier();
-    return r;
+// Where head h0 + g's partials for chunk c of token t start in PART.
+fn part_at(t: u32, h: u32, c: u32) -> u32 {
+    return ((t * p.heads + h) * p.max_blocks + c) * (p.hd + 2u);
 }
 
-// Grid (heads, chunks, tokens). p.max_blocks = chunks per (token, head) in PART.
+// Grid (heads / GROUP, chunks, tokens). p.max_blocks = chunks per (token, head) in PART.
 @compute @workgroup_size(ATT_WG)
 fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let h = wg.x;
+    let h0 = wg.x * GROUP;
     let c = wg.y;
     let t = wg.z;
     let pos = p.pos0 + t;
@@ -364,20 +366,25 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         return;
     }
     let nk = min(ATT_CHUNK, n_keys - j0);
-    let kvh = h / (p.heads / p.n_kv);
+    let kvh = h0 / (p.heads / p.n_kv);
     let kv_width = p.n_kv * p.hd;
-    let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
+    // Head h0 + g's query starts at q0 + g * qg.
+    let q0 = t * p.heads * 2u * p.hd + h0 * 2u * p.hd;
+    let qg = 2u * p.hd;
     if (lid.x < nk) {
         kpos[lid.x] = key_position(t, j0 + lid.x, pos);
     }
     workgroupBarrier();
-    // Scores: invocation j dots its key with the query as four fma chains over dims i, i+1, i+2,
+    // Scores: invocation j dots its key with each query as four fma chains over dims i, i+1, i+2,
     // i+3 (in dim order), summed in a fixed order. The keys come through workgroup memory in
     // tiles of KT_DIMS dims, each key's dims loaded by neighbouring invocations (whole cache
     // lines) rather than one key row per invocation.
     let kbase = kvh * p.hd;
     let hd4 = p.hd & ~3u;
-    var d = vec4<f32>(0.0);
+    var d: array<vec4<f32>, MAX_GROUP>;
+    for (var g = 0u; g < GROUP; g++) {
+        d[g] = vec4<f32>(0.0);
+    }
     for (var i0 = 0u; i0 < hd4; i0 += KT_DIMS) {
         let quads = min(KT_DIMS, hd4 - i0) / 4u;
         for (var r = 0u; r < KT_DIMS / 4u; r++) {
@@ -393,118 +400,158 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         workgroupBarrier();
         if (lid.x < nk) {
             for (var q = 0u; q < quads; q++) {
-                d = fma(q4(q0 + i0 + 4u * q), KT[lid.x * KT_STRIDE + q], d);
+                let k = KT[lid.x * KT_STRIDE + q];
+                for (var g = 0u; g < GROUP; g++) {
+                    d[g] = fma(q4(q0 + g * qg + i0 + 4u * q), k, d[g]);
+                }
             }
         }
         workgroupBarrier();
     }
-    var s = -3.0e38;
-    if (lid.x < nk) {
-        let k0 = kpos[lid.x] * kv_width + kbase;
-        for (var i = hd4; i < p.hd; i++) {
-            d.x = fma(Q[q0 + i], key_at(k0 + i), d.x);
+    var s: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < GROUP; g++) {
+        var dg = d[g];
+        var sg = -3.0e38;
+        if (lid.x < nk) {
+            let k0 = kpos[lid.x] * kv_width + kbase;
+            for (var i = hd4; i < p.hd; i++) {
+                dg.x = fma(Q[q0 + g * qg + i], key_at(k0 + i), dg.x);
+            }
+            sg = ((dg.x + dg.y) + (dg.z + dg.w)) * p.scale;
         }
-        s = ((d.x + d.y) + (d.z + d.w)) * p.scale;
+        s[g] = sg;
+        att_red[g * ATT_WG + lid.x] = sg;
     }
-    let m = tree_max(s, lid.x);
-    var e = 0.0;
-    if (lid.x < nk) {
-        e = exp(s - m);
-        wts[lid.x] = e;
+    group_trees(lid.x, true);
+    var m: array<f32, MAX_GROUP>;
+    for (var g = 0u; g < GROUP; g++) {
+        m[g] = att_red[g * ATT_WG];
     }
-    let l = tree_sum(e, lid.x);
-    let out = ((t * p.heads + h) * p.max_blocks + c) * (p.hd + 2u);
+    workgroupBarrier();
+    for (var g = 0u; g < GROUP; g++) {
+        var e = 0.0;
+        if (lid.x < nk) {
+            e = exp(s[g] - m[g]);
+            wts[g * ATT_CHUNK + lid.x] = e;
+        }
+        att_red[g * ATT_WG + lid.x] = e;
+    }
+    group_trees(lid.x, false);
     if (lid.x == 0u) {
-        PART[out] = m;
-        PART[out + 1u] = l;
+        for (var g = 0u; g < GROUP; g++) {
+            let out = part_at(t, h0 + g, c);
+            PART[out] = m[g];
+            PART[out + 1u] = att_red[g * ATT_WG];
+        }
     }
     for (var i = lid.x; i < p.hd; i += ATT_WG) {
-        // Keys j, j+1, j+2, j+3 into four chains, summed in a fixed order.
-        var acc = vec4<f32>(0.0);
+        // Keys j, j+1, j+2, j+3 into four chains per head, summed in a fixed order.
+        var acc: array<vec4<f32>, MAX_GROUP>;
+        for (var g = 0u; g < GROUP; g++) {
+            acc[g] = vec4<f32>(0.0);
+        }
         let v0 = kvh * p.hd + i;
         let nk4 = nk & ~3u;
         var j = 0u;
-        // As above: sixteen (then eight, four) steps' loads first, then the fmas in step order.
-        for (; j + 64u <= nk4; j += 64u) {
-            let u0 = vals4(j, kv_width, v0);
-            let u1 = vals4(j + 4u, kv_width, v0);
-            let u2 = vals4(j + 8u, kv_width, v0);
-            let u3 = vals4(j + 12u, kv_width, v0);
-            let u4 = vals4(j + 16u, kv_width, v0);
-            let u5 = vals4(j + 20u, kv_width, v0);
-            let u6 = vals4(j + 24u, kv_width, v0);
-            let u7 = vals4(j + 28u, kv_width, v0);
-            let u8 = vals4(j + 32u, kv_width, v0);
-            let u9 = vals4(j + 36u, kv_width, v0);
-            let u10 = vals4(j + 40u, kv_width, v0);
-            let u11 = vals4(j + 44u, kv_width, v0);
-            let u12 = vals4(j + 48u, kv_width, v0);
-            let u13 = vals4(j + 52u, kv_width, v0);
-            let u14 = vals4(j + 56u, kv_width, v0);
-            let u15 = vals4(j + 60u, kv_width, v0);
-            acc = fma(wts4(j), u0, acc);
-            acc = fma(wts4(j + 4u), u1, acc);
-            acc = fma(wts4(j + 8u), u2, acc);
-            acc = fma(wts4(j + 12u), u3, acc);
-            acc = fma(wts4(j + 16u), u4, acc);
-            acc = fma(wts4(j + 20u), u5, acc);
-            acc = fma(wts4(j + 24u), u6, acc);
-            acc = fma(wts4(j + 28u), u7, acc);
-            acc = fma(wts4(j + 32u), u8, acc);
-            acc = fma(wts4(j + 36u), u9, acc);
-            acc = fma(wts4(j + 40u), u10, acc);
-            acc = fma(wts4(j + 44u), u11, acc);
-            acc = fma(wts4(j + 48u), u12, acc);
-            acc = fma(wts4(j + 52u), u13, acc);
-            acc = fma(wts4(j + 56u), u14, acc);
-            acc = fma(wts4(j + 60u), u15, acc);
-        }
-        for (; j + 32u <= nk4; j += 32u) {
-            let u0 = vals4(j, kv_width, v0);
-            let u1 = vals4(j + 4u, kv_width, v0);
-            let u2 = vals4(j + 8u, kv_width, v0);
-            let u3 = vals4(j + 12u, kv_width, v0);
-            let u4 = vals4(j + 16u, kv_width, v0);
-            let u5 = vals4(j + 20u, kv_width, v0);
-            let u6 = vals4(j + 24u, kv_width, v0);
-            let u7 = vals4(j + 28u, kv_width, v0);
-            acc = fma(wts4(j), u0, acc);
-            acc = fma(wts4(j + 4u), u1, acc);
-            acc = fma(wts4(j + 8u), u2, acc);
-            acc = fma(wts4(j + 12u), u3, acc);
-            acc = fma(wts4(j + 16u), u4, acc);
-            acc = fma(wts4(j + 20u), u5, acc);
-            acc = fma(wts4(j + 24u), u6, acc);
-            acc = fma(wts4(j + 28u), u7, acc);
+        // Several steps' loads first, then the fmas in step order (sixteen or eight steps for one
+        // head, four for a group, whose sums take more registers).
+        if (GROUP == 1u) {
+            for (; j + 64u <= nk4; j += 64u) {
+                let u0 = vals4(j, kv_width, v0);
+                let u1 = vals4(j + 4u, kv_width, v0);
+                let u2 = vals4(j + 8u, kv_width, v0);
+                let u3 = vals4(j + 12u, kv_width, v0);
+                let u4 = vals4(j + 16u, kv_width, v0);
+                let u5 = vals4(j + 20u, kv_width, v0);
+                let u6 = vals4(j + 24u, kv_width, v0);
+                let u7 = vals4(j + 28u, kv_width, v0);
+                let u8 = vals4(j + 32u, kv_width, v0);
+                let u9 = vals4(j + 36u, kv_width, v0);
+                let u10 = vals4(j + 40u, kv_width, v0);
+                let u11 = vals4(j + 44u, kv_width, v0);
+                let u12 = vals4(j + 48u, kv_width, v0);
+                let u13 = vals4(j + 52u, kv_width, v0);
+                let u14 = vals4(j + 56u, kv_width, v0);
+                let u15 = vals4(j + 60u, kv_width, v0);
+                var a = acc[0];
+                a = fma(wts4(0u, j), u0, a);
+                a = fma(wts4(0u, j + 4u), u1, a);
+                a = fma(wts4(0u, j + 8u), u2, a);
+                a = fma(wts4(0u, j + 12u), u3, a);
+                a = fma(wts4(0u, j + 16u), u4, a);
+                a = fma(wts4(0u, j + 20u), u5, a);
+                a = fma(wts4(0u, j + 24u), u6, a);
+                a = fma(wts4(0u, j + 28u), u7, a);
+                a = fma(wts4(0u, j + 32u), u8, a);
+                a = fma(wts4(0u, j + 36u), u9, a);
+                a = fma(wts4(0u, j + 40u), u10, a);
+                a = fma(wts4(0u, j + 44u), u11, a);
+                a = fma(wts4(0u, j + 48u), u12, a);
+                a = fma(wts4(0u, j + 52u), u13, a);
+                a = fma(wts4(0u, j + 56u), u14, a);
+                a = fma(wts4(0u, j + 60u), u15, a);
+                acc[0] = a;
+            }
+            for (; j + 32u <= nk4; j += 32u) {
+                let u0 = vals4(j, kv_width, v0);
+                let u1 = vals4(j + 4u, kv_width, v0);
+                let u2 = vals4(j + 8u, kv_width, v0);
+                let u3 = vals4(j + 12u, kv_width, v0);
+                let u4 = vals4(j + 16u, kv_width, v0);
+                let u5 = vals4(j + 20u, kv_width, v0);
+                let u6 = vals4(j + 24u, kv_width, v0);
+                let u7 = vals4(j + 28u, kv_width, v0);
+                var a = acc[0];
+                a = fma(wts4(0u, j), u0, a);
+                a = fma(wts4(0u, j + 4u), u1, a);
+                a = fma(wts4(0u, j + 8u), u2, a);
+                a = fma(wts4(0u, j + 12u), u3, a);
+                a = fma(wts4(0u, j + 16u), u4, a);
+                a = fma(wts4(0u, j + 20u), u5, a);
+                a = fma(wts4(0u, j + 24u), u6, a);
+                a = fma(wts4(0u, j + 28u), u7, a);
+                acc[0] = a;
+            }
         }
         for (; j + 16u <= nk4; j += 16u) {
             let u0 = vals4(j, kv_width, v0);
             let u1 = vals4(j + 4u, kv_width, v0);
             let u2 = vals4(j + 8u, kv_width, v0);
             let u3 = vals4(j + 12u, kv_width, v0);
-            acc = fma(wts4(j), u0, acc);
-            acc = fma(wts4(j + 4u), u1, acc);
-            acc = fma(wts4(j + 8u), u2, acc);
-            acc = fma(wts4(j + 12u), u3, acc);
+            for (var g = 0u; g < GROUP; g++) {
+                var a = acc[g];
+                a = fma(wts4(g, j), u0, a);
+                a = fma(wts4(g, j + 4u), u1, a);
+                a = fma(wts4(g, j + 8u), u2, a);
+                a = fma(wts4(g, j + 12u), u3, a);
+                acc[g] = a;
+            }
         }
         for (; j < nk4; j += 4u) {
-            acc = fma(wts4(j), vals4(j, kv_width, v0), acc);
+            let u = vals4(j, kv_width, v0);
+            for (var g = 0u; g < GROUP; g++) {
+                acc[g] = fma(wts4(g, j), u, acc[g]);
+            }
         }
-        for (var j = nk4; j < nk; j++) {
-            acc.x = fma(wts[j], value_at(kpos[j] * kv_width + v0), acc.x);
+        for (var g = 0u; g < GROUP; g++) {
+            var a = acc[g];
+            for (var jt = nk4; jt < nk; jt++) {
+                a.x = fma(wts[g * ATT_CHUNK + jt], value_at(kpos[jt] * kv_width + v0), a.x);
+            }
+            PART[part_at(t, h0 + g, c) + 2u + i] = (a.x + a.y) + (a.z + a.w);
         }
-        PART[out + 2u + i] = (acc.x + acc.y) + (acc.z + acc.w);
     }
 }
 
-// Values at offset v0 of keys j .. j + 3 of the chunk (rows kv_width apart), and their weights.
+// Values at offset v0 of keys j .. j + 3 of the chunk (rows kv_width apart), and head g's weights.
 fn vals4(j: u32, kv_width: u32, v0: u32) -> vec4<f32> {
     return vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
                      value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
 }
 
-fn wts4(j: u32) -> vec4<f32> {
-    return vec4<f32>(wts[j], wts[j + 1u], wts[j + 2u], wts[j + 3u]);
+fn wts4(g: u32, j: u32) -> vec4<f32> {
+    let b = g * ATT_CHUNK + j;
+    return vec4<f32>(wts[b], wts[b + 1u], wts[b + 2u], wts[b + 3u]);
 }
 
 // Grid (heads, tokens): merge the chunks of qsa_attend in chunk order, apply the output gate.

@@ -1330,6 +1330,75 @@ fn attention_over_several_chunks(ctx: &GpuContext, hd: usize) {
     );
 }
 
+/// A prefill chunk attends with several query heads of a kv head per workgroup (as many as the
+/// device's workgroup memory holds); a decode step with one. Each token of a 9-token chunk must
+/// get the bits it gets fed alone, over two chunks of keys, at head widths with a partial key
+/// tile and a tail of dims past the last multiple of 4, and at 12 and 3 query heads per kv head.
+#[test]
+fn grouped_heads_attend_with_the_bits_of_one_head_per_workgroup() {
+    let Some(ctx) = context() else { return };
+    for (heads, n_kv, hd) in [(24usize, 2usize, 38usize), (6, 2, 36), (12, 1, 16)] {
+        grouped_heads_case(&ctx, heads, n_kv, hd);
+    }
+}
+
+fn grouped_heads_case(ctx: &GpuContext, heads: usize, n_kv: usize, hd: usize) {
+    let (tokens, pos0) = (9usize, 300usize);
+    let positions = pos0 + tokens;
+    let keys = random_vec(positions * n_kv * hd, 81);
+    let values = random_vec(positions * n_kv * hd, 82);
+    let queries: Vec<f32> = random_vec(tokens * heads * 2 * hd, 83)
+        .iter()
+        .map(|v| v * 3.0)
+        .collect();
+    let (kb, vb) = (upload(ctx, &keys), upload(ctx, &values));
+    let sel = GpuBuf::zeros(ctx, "sel", 1).expect("sel");
+    let params = |t: usize, pos: usize| QsaParams {
+        tokens: t as u32,
+        pos0: pos as u32,
+        heads: heads as u32,
+        n_kv: n_kv as u32,
+        hd: hd as u32,
+        ratio: 1,
+        dense: 1,
+        scale: 1.0 / (hd as f32).sqrt(),
+        ..Default::default()
+    };
+    let attend = |t: usize, pos: usize, q: &[f32]| {
+        let qb = upload(ctx, q);
+        let parts =
+            GpuBuf::zeros(ctx, "parts", gops::qsa_partials_len(t, heads, hd)).expect("parts");
+        let out = GpuBuf::zeros(ctx, "out", t * heads * hd).expect("out");
+        let mut rec = Recorder::new();
+        gops::qsa_attend(
+            ctx,
+            &mut rec,
+            &params(t, pos),
+            &qb,
+            &kb,
+            &vb,
+            &sel,
+            &parts,
+            &out,
+            KvType::F32,
+        )
+        .expect("attend");
+        rec.run(ctx).expect("run");
+        download(ctx, &out, t * heads * hd)
+    };
+    let chunk = attend(tokens, pos0, &queries);
+    let row = heads * hd;
+    let what = format!("{heads} heads, {n_kv} kv heads, width {hd}");
+    assert!(chunk.iter().all(|v| v.is_finite()), "{what}: non-finite");
+    for t in 0..tokens {
+        let q = &queries[t * heads * 2 * hd..(t + 1) * heads * 2 * hd];
+        let alone = attend(1, pos0 + t, q);
+        for (i, (a, b)) in chunk[t * row..(t + 1) * row].iter().zip(&alone).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{what}: token {t}, value {i}");
+        }
+    }
+}
+
 /// Hyper-connection mixing and combination against the formulas of `model::hyper_connection`
 /// (1e-6 relative).
 #[test]

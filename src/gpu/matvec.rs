@@ -496,6 +496,19 @@ pub fn matvec_with(
     items: usize,
 ) -> Result<(), GpuError> {
     check_input(w, x, xform, items)?;
+    if let Some(plain) = norm_apart(w, store, xform, items) {
+        // Prefill: the normed vectors first, then wide tiles over them (the same bits).
+        let Store::Segments {
+            fused: SegFusion::Norm(n),
+            first,
+            ..
+        } = store
+        else {
+            return Err(GpuError::BadArgs("norm apart without a norm".into()));
+        };
+        norm_store(ctx, rec, w, x, n, first, items)?;
+        return matvec_with(ctx, rec, w, n.normed, XForm::Plain, plain, items);
+    }
     let sg = subgroup_size(ctx);
     let grid = ctx.grid_buffer(w.ty)?;
     // Wide tiles where the store has a wide entry, then full tiles of TILE vectors, then the
@@ -704,6 +717,68 @@ fn need_floats(b: &GpuBuf, n: usize, what: &str) -> Result<(), GpuError> {
         )));
     }
     Ok(())
+}
+
+/// Where a segmented mat-vec with an input norm covers enough vectors for wide tiles (prefill),
+/// the same store without the norm, to run over the normed vectors that [`norm_store`] writes
+/// first: the fused entry has no wide tiles, and the rows over the stored vectors are the fused
+/// rows bit for bit (`shaders/quant/x_norm.wgsl`). `None` where the fused dispatch stays.
+fn norm_apart<'a>(
+    w: &GpuWeight,
+    store: Store<'a>,
+    xform: XForm,
+    items: usize,
+) -> Option<Store<'a>> {
+    let Store::Segments {
+        outs,
+        first,
+        silu0,
+        fused: SegFusion::Norm(n),
+    } = store
+    else {
+        return None;
+    };
+    let wide = wide_items();
+    (wide > 0 && items >= wide && xform == XForm::Plain && wide_ok(w, n.normed, xform)).then_some(
+        Store::Segments {
+            outs,
+            first,
+            silu0,
+            fused: SegFusion::None,
+        },
+    )
+}
+
+/// The normed vectors of an [`InputNorm`] alone (`x_norm.wgsl`'s `norm_store`, of the pipeline
+/// family the fused dispatch uses, so the same inverse norms and values): one workgroup per vector.
+fn norm_store(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    x: View,
+    n: InputNorm,
+    first: [usize; 3],
+    items: usize,
+) -> Result<(), GpuError> {
+    let Some(part) = w.parts.first() else {
+        return Err(GpuError::BadArgs(format!("matvec {}: no parts", w.name)));
+    };
+    let mut params = base_params(w, part, x, XForm::Plain, items)?;
+    norm_params(w, &mut params, XForm::Plain, first, n, items)?;
+    params.item0 = 0;
+    let (gy, gz) = item_grid(items);
+    let per_sg = tile_rows(w, w.n_rows, 1);
+    rec.push(
+        ctx,
+        &fused_key("matvec_norm", w, "norm_store", per_sg, 1, 3),
+        &[
+            (1, &*x.buf.buffer),
+            (7, &*n.normed.buf.buffer),
+            (15, &*n.weight.buffer),
+        ],
+        bytemuck::bytes_of(&params),
+        [1, gy, gz],
+    )
 }
 
 /// The X_MODE 3 fields of a segmented mat-vec with an input norm (output 2 becomes the normed

@@ -899,16 +899,47 @@ pub fn qsa_partials_len(tokens: usize, heads: usize, hd: usize) -> usize {
     tokens * heads * QSA_MAX_KEYS.div_ceil(QSA_CHUNK) * (hd + 2)
 }
 
-/// Dims per key tile of `qsa_attend` (its KT_DIMS): 32 where the device's workgroup memory holds
-/// the larger tile with the kernel's other arrays (40 KiB), else 16. The same bits either way
-/// (`STRATA_ATTEND_TILE=16` forces the smaller tile, to check that).
-fn attend_tile_dims(ctx: &GpuContext) -> u32 {
+/// `qsa_attend`'s workgroup size and its most query heads per workgroup (ATT_WG, MAX_GROUP).
+const QSA_ATT_WG: usize = 256;
+const QSA_MAX_GROUP: usize = 16;
+/// Chunks of at least this many tokens group the query heads of a kv head in one workgroup.
+const QSA_GROUP_MIN_TOKENS: usize = 8;
+
+/// Workgroup memory `qsa_attend` needs with key tiles of `kt` dims and `group` heads.
+fn attend_memory(kt: usize, group: usize) -> usize {
+    let tile = QSA_CHUNK * (kt / 4 + 1) * 16;
+    tile + QSA_CHUNK * 4 * (group + 1) + QSA_ATT_WG * 4 * group
+}
+
+/// `qsa_attend`'s query heads per workgroup (GROUP) and dims per key tile (KT_DIMS). A decode
+/// step or a short chunk takes one head per workgroup, with tiles of 32 dims where the device's
+/// workgroup memory holds them, else 16; a prefill chunk the most heads of one kv head (a
+/// divisor of `heads / n_kv`) that fit, with the larger tile where it still fits. Every head's
+/// arithmetic is the same whatever the choice, so the same bits (`STRATA_ATTEND_TILE=16` forces
+/// the smaller tile, `STRATA_ATTEND_GROUP=1` one head per workgroup, to check that).
+fn attend_shape(ctx: &GpuContext, tokens: usize, heads: usize, n_kv: usize) -> (usize, usize) {
     let forced_small = std::env::var("STRATA_ATTEND_TILE").as_deref() == Ok("16");
-    if !forced_small && ctx.limits.max_compute_workgroup_storage_size >= 40 * 1024 {
-        32
+    let one_head = std::env::var("STRATA_ATTEND_GROUP").as_deref() == Ok("1");
+    let limit = ctx.limits.max_compute_workgroup_storage_size as usize;
+    let tiles: &[usize] = if forced_small { &[16] } else { &[32, 16] };
+    let per_kv = if n_kv > 0 && heads.is_multiple_of(n_kv) {
+        heads / n_kv
     } else {
-        16
+        1
+    };
+    let most = if tokens >= QSA_GROUP_MIN_TOKENS && !one_head {
+        per_kv.min(QSA_MAX_GROUP)
+    } else {
+        1
+    };
+    for group in (1..=most).rev().filter(|g| per_kv.is_multiple_of(*g)) {
+        for &kt in tiles {
+            if attend_memory(kt, group) <= limit {
+                return (group, kt);
+            }
+        }
     }
+    (1, 16)
 }
 
 /// Attention over the selected keys, with the sigmoid output gate: partial softmax per chunk of
@@ -935,9 +966,11 @@ pub fn qsa_attend(
         KvType::F16 => 1.0,
         KvType::Q8_0 => 2.0,
     };
+    let (group, kt) = attend_shape(ctx, t, h, params.n_kv as usize);
     let attend = PipelineKey::new("qsa", "qsa_attend")
         .constant("KV_MODE", mode)
-        .constant("KT_DIMS", attend_tile_dims(ctx) as f64);
+        .constant("KT_DIMS", kt as f64)
+        .constant("GROUP", group as f64);
     need(partials, qsa_partials_len(t, h, hd), "qsa partials")?;
     let params = QsaParams {
         max_blocks: u(chunks)?,
@@ -961,7 +994,7 @@ pub fn qsa_attend(
             (11, &*partials.buffer),
         ],
         bytemuck::bytes_of(&params),
-        [u(h)?, u(chunks)?, u(t)?],
+        [u(h / group)?, u(chunks)?, u(t)?],
     )?;
     rec.push(
         ctx,
