@@ -62,12 +62,44 @@ fn rope(@builtin(global_invocation_id) id: vec3<u32>) {
 const WG: u32 = 64u;
 
 // Block b's score for token t: sum over the indexer heads of max(q_h . k_b, 0), times the scale.
+// Each dot adds its products in dim order; eight dims' loads are issued before their adds (a
+// decode step scores every block of a long context at once, and one load per add would put a
+// memory latency on each of the 512 steps).
 fn block_score(t: u32, b: u32) -> f32 {
     var total = 0.0;
+    let kb = b * p.idim;
     for (var h = 0u; h < p.heads; h++) {
+        let qb = t * p.heads * p.idim + h * p.idim;
         var d = 0.0;
-        for (var i = 0u; i < p.idim; i++) {
-            d += IQ[t * p.heads * p.idim + h * p.idim + i] * BK[b * p.idim + i];
+        var i = 0u;
+        for (; i + 8u <= p.idim; i += 8u) {
+            let x0 = IQ[qb + i];
+            let x1 = IQ[qb + i + 1u];
+            let x2 = IQ[qb + i + 2u];
+            let x3 = IQ[qb + i + 3u];
+            let x4 = IQ[qb + i + 4u];
+            let x5 = IQ[qb + i + 5u];
+            let x6 = IQ[qb + i + 6u];
+            let x7 = IQ[qb + i + 7u];
+            let k0 = BK[kb + i];
+            let k1 = BK[kb + i + 1u];
+            let k2 = BK[kb + i + 2u];
+            let k3 = BK[kb + i + 3u];
+            let k4 = BK[kb + i + 4u];
+            let k5 = BK[kb + i + 5u];
+            let k6 = BK[kb + i + 6u];
+            let k7 = BK[kb + i + 7u];
+            d += x0 * k0;
+            d += x1 * k1;
+            d += x2 * k2;
+            d += x3 * k3;
+            d += x4 * k4;
+            d += x5 * k5;
+            d += x6 * k6;
+            d += x7 * k7;
+        }
+        for (; i < p.idim; i++) {
+            d += IQ[qb + i] * BK[kb + i];
         }
         total += max(d, 0.0);
     }
@@ -230,6 +262,9 @@ fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
 @group(0) @binding(7) var<storage, read> KC: array<u32>;
 @group(0) @binding(8) var<storage, read> VC: array<u32>;
 override KV_MODE: u32 = 0u;
+// Query heads per workgroup of qsa_attend_group (below; declared here, before any array sized by
+// an override expression, for naga 30's override processing).
+override GROUP: u32 = 1u;
 
 fn q8_at(word: u32, scale: u32, i: u32) -> f32 {
     let q = bitcast<i32>(word << (24u - 8u * (i & 3u))) >> 24u;
@@ -289,26 +324,17 @@ fn kc4(at: u32) -> vec4<f32> {
 //          out_i = (sum_c acc_c,i exp(m_c - M)) / L * sigmoid(gate_i), in chunk order
 const ATT_CHUNK: u32 = 256u;
 const ATT_WG: u32 = 256u;
-// Query heads per workgroup (the launcher's choice, dividing the heads per kv head): the GROUP
-// heads of one kv head share each key tile and each value load. Every head's arithmetic below is
-// the same whatever the group (its own fma chains, its own fixed-shape trees), so the same bits;
-// decode steps take 1 (the heads spread over workgroups), prefill chunks more.
-override GROUP: u32 = 1u;
-const MAX_GROUP: u32 = 16u;
+var<workgroup> wts: array<f32, ATT_CHUNK>;
 var<workgroup> kpos: array<u32, ATT_CHUNK>;
+var<workgroup> att_red: array<f32, ATT_WG>;
 // Key tiles of qsa_attend: KT_DIMS dims of each of the chunk's keys, rows padded to KT_STRIDE
 // vec4 so that neighbouring invocations' rows start in different banks.
-// KT_DIMS is 16 or 32 (the launcher's choice from the workgroup memory the device has): the dot
-// products take the dims in the same order whatever the tile, so the same bits; larger tiles take
-// half the rounds of loads and barriers.
+// KT_DIMS is 16 or 32 (the launcher's choice from the workgroup memory the device has: 32 needs
+// 37 KiB): the dot products take the dims in the same order whatever the tile, so the same bits;
+// larger tiles take half the rounds of loads and barriers.
 override KT_DIMS: u32 = 16u;
 override KT_STRIDE: u32 = KT_DIMS / 4u + 1u;
 var<workgroup> KT: array<vec4<f32>, ATT_CHUNK * KT_STRIDE>;
-// wts[g * ATT_CHUNK + j]: head g's weight of key j; att_red[g * ATT_WG + l]: head g's trees.
-// (Arrays sized by override expressions come after every named override: naga 30 processes the
-// overrides in declaration order and cannot take an unnamed one before a named one.)
-var<workgroup> wts: array<f32, ATT_CHUNK * GROUP>;
-var<workgroup> att_red: array<f32, ATT_WG * GROUP>;
 
 fn key_position(t: u32, j: u32, pos: u32) -> u32 {
     if (p.dense != 0u) {
@@ -331,6 +357,203 @@ fn allowed_keys(t: u32, pos: u32) -> u32 {
     return SELR[t * (p.budget + 1u)] * p.ratio + (pos + 1u - nb * p.ratio);
 }
 
+// Tree reduction of att_red over ATT_WG (a fixed shape: the same bits every time).
+fn tree_max(v: f32, lid: u32) -> f32 {
+    att_red[lid] = v;
+    workgroupBarrier();
+    for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
+        if (lid < st) {
+            att_red[lid] = max(att_red[lid], att_red[lid + st]);
+        }
+        workgroupBarrier();
+    }
+    let r = att_red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn tree_sum(v: f32, lid: u32) -> f32 {
+    att_red[lid] = v;
+    workgroupBarrier();
+    for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
+        if (lid < st) {
+            att_red[lid] = att_red[lid] + att_red[lid + st];
+        }
+        workgroupBarrier();
+    }
+    let r = att_red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// Grid (heads, chunks, tokens). p.max_blocks = chunks per (token, head) in PART.
+@compute @workgroup_size(ATT_WG)
+fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let h = wg.x;
+    let c = wg.y;
+    let t = wg.z;
+    let pos = p.pos0 + t;
+    let n_keys = allowed_keys(t, pos);
+    let j0 = c * ATT_CHUNK;
+    if (j0 >= n_keys) {
+        return;
+    }
+    let nk = min(ATT_CHUNK, n_keys - j0);
+    let kvh = h / (p.heads / p.n_kv);
+    let kv_width = p.n_kv * p.hd;
+    let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
+    if (lid.x < nk) {
+        kpos[lid.x] = key_position(t, j0 + lid.x, pos);
+    }
+    workgroupBarrier();
+    // Scores: invocation j dots its key with the query as four fma chains over dims i, i+1, i+2,
+    // i+3 (in dim order), summed in a fixed order. The keys come through workgroup memory in
+    // tiles of KT_DIMS dims, each key's dims loaded by neighbouring invocations (whole cache
+    // lines) rather than one key row per invocation.
+    let kbase = kvh * p.hd;
+    let hd4 = p.hd & ~3u;
+    var d = vec4<f32>(0.0);
+    for (var i0 = 0u; i0 < hd4; i0 += KT_DIMS) {
+        let quads = min(KT_DIMS, hd4 - i0) / 4u;
+        for (var r = 0u; r < KT_DIMS / 4u; r++) {
+            let slot = r * ATT_WG + lid.x;
+            let key = slot / (KT_DIMS / 4u);
+            let quad = slot % (KT_DIMS / 4u);
+            var v = vec4<f32>(0.0);
+            if (key < nk && quad < quads) {
+                v = kc4(kpos[key] * kv_width + kbase + i0 + 4u * quad);
+            }
+            KT[key * KT_STRIDE + quad] = v;
+        }
+        workgroupBarrier();
+        if (lid.x < nk) {
+            for (var q = 0u; q < quads; q++) {
+                d = fma(q4(q0 + i0 + 4u * q), KT[lid.x * KT_STRIDE + q], d);
+            }
+        }
+        workgroupBarrier();
+    }
+    var s = -3.0e38;
+    if (lid.x < nk) {
+        let k0 = kpos[lid.x] * kv_width + kbase;
+        for (var i = hd4; i < p.hd; i++) {
+            d.x = fma(Q[q0 + i], key_at(k0 + i), d.x);
+        }
+        s = ((d.x + d.y) + (d.z + d.w)) * p.scale;
+    }
+    let m = tree_max(s, lid.x);
+    var e = 0.0;
+    if (lid.x < nk) {
+        e = exp(s - m);
+        wts[lid.x] = e;
+    }
+    let l = tree_sum(e, lid.x);
+    let out = ((t * p.heads + h) * p.max_blocks + c) * (p.hd + 2u);
+    if (lid.x == 0u) {
+        PART[out] = m;
+        PART[out + 1u] = l;
+    }
+    for (var i = lid.x; i < p.hd; i += ATT_WG) {
+        // Keys j, j+1, j+2, j+3 into four chains, summed in a fixed order.
+        var acc = vec4<f32>(0.0);
+        let v0 = kvh * p.hd + i;
+        let nk4 = nk & ~3u;
+        var j = 0u;
+        // As above: sixteen (then eight, four) steps' loads first, then the fmas in step order.
+        for (; j + 64u <= nk4; j += 64u) {
+            let u0 = vals4(j, kv_width, v0);
+            let u1 = vals4(j + 4u, kv_width, v0);
+            let u2 = vals4(j + 8u, kv_width, v0);
+            let u3 = vals4(j + 12u, kv_width, v0);
+            let u4 = vals4(j + 16u, kv_width, v0);
+            let u5 = vals4(j + 20u, kv_width, v0);
+            let u6 = vals4(j + 24u, kv_width, v0);
+            let u7 = vals4(j + 28u, kv_width, v0);
+            let u8 = vals4(j + 32u, kv_width, v0);
+            let u9 = vals4(j + 36u, kv_width, v0);
+            let u10 = vals4(j + 40u, kv_width, v0);
+            let u11 = vals4(j + 44u, kv_width, v0);
+            let u12 = vals4(j + 48u, kv_width, v0);
+            let u13 = vals4(j + 52u, kv_width, v0);
+            let u14 = vals4(j + 56u, kv_width, v0);
+            let u15 = vals4(j + 60u, kv_width, v0);
+            acc = fma(wts4(j), u0, acc);
+            acc = fma(wts4(j + 4u), u1, acc);
+            acc = fma(wts4(j + 8u), u2, acc);
+            acc = fma(wts4(j + 12u), u3, acc);
+            acc = fma(wts4(j + 16u), u4, acc);
+            acc = fma(wts4(j + 20u), u5, acc);
+            acc = fma(wts4(j + 24u), u6, acc);
+            acc = fma(wts4(j + 28u), u7, acc);
+            acc = fma(wts4(j + 32u), u8, acc);
+            acc = fma(wts4(j + 36u), u9, acc);
+            acc = fma(wts4(j + 40u), u10, acc);
+            acc = fma(wts4(j + 44u), u11, acc);
+            acc = fma(wts4(j + 48u), u12, acc);
+            acc = fma(wts4(j + 52u), u13, acc);
+            acc = fma(wts4(j + 56u), u14, acc);
+            acc = fma(wts4(j + 60u), u15, acc);
+        }
+        for (; j + 32u <= nk4; j += 32u) {
+            let u0 = vals4(j, kv_width, v0);
+            let u1 = vals4(j + 4u, kv_width, v0);
+            let u2 = vals4(j + 8u, kv_width, v0);
+            let u3 = vals4(j + 12u, kv_width, v0);
+            let u4 = vals4(j + 16u, kv_width, v0);
+            let u5 = vals4(j + 20u, kv_width, v0);
+            let u6 = vals4(j + 24u, kv_width, v0);
+            let u7 = vals4(j + 28u, kv_width, v0);
+            acc = fma(wts4(j), u0, acc);
+            acc = fma(wts4(j + 4u), u1, acc);
+            acc = fma(wts4(j + 8u), u2, acc);
+            acc = fma(wts4(j + 12u), u3, acc);
+            acc = fma(wts4(j + 16u), u4, acc);
+            acc = fma(wts4(j + 20u), u5, acc);
+            acc = fma(wts4(j + 24u), u6, acc);
+            acc = fma(wts4(j + 28u), u7, acc);
+        }
+        for (; j + 16u <= nk4; j += 16u) {
+            let u0 = vals4(j, kv_width, v0);
+            let u1 = vals4(j + 4u, kv_width, v0);
+            let u2 = vals4(j + 8u, kv_width, v0);
+            let u3 = vals4(j + 12u, kv_width, v0);
+            acc = fma(wts4(j), u0, acc);
+            acc = fma(wts4(j + 4u), u1, acc);
+            acc = fma(wts4(j + 8u), u2, acc);
+            acc = fma(wts4(j + 12u), u3, acc);
+        }
+        for (; j < nk4; j += 4u) {
+            acc = fma(wts4(j), vals4(j, kv_width, v0), acc);
+        }
+        for (var j = nk4; j < nk; j++) {
+            acc.x = fma(wts[j], value_at(kpos[j] * kv_width + v0), acc.x);
+        }
+        PART[out + 2u + i] = (acc.x + acc.y) + (acc.z + acc.w);
+    }
+}
+
+// Values at offset v0 of keys j .. j + 3 of the chunk (rows kv_width apart), and their weights.
+fn vals4(j: u32, kv_width: u32, v0: u32) -> vec4<f32> {
+    return vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
+                     value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
+}
+
+fn wts4(j: u32) -> vec4<f32> {
+    return vec4<f32>(wts[j], wts[j + 1u], wts[j + 2u], wts[j + 3u]);
+}
+
+// qsa_attend_group: qsa_attend for GROUP query heads of one kv head per workgroup (the
+// launcher's choice for prefill chunks, a divisor of the heads per kv head): each key tile and
+// each value load serves all of them, while every head keeps qsa_attend's arithmetic (its own fma
+// chains in the same order, its own fixed-shape trees), so the same bits. Decode steps keep
+// qsa_attend, one head per workgroup (the heads spread over more workgroups).
+const MAX_GROUP: u32 = 16u;
+// wts_g[g * ATT_CHUNK + j]: head g's weight of key j; att_red_g[g * ATT_WG + l]: head g's trees.
+// (Arrays sized by override expressions come after every named override: naga 30 processes the
+// overrides in declaration order and panics on an unnamed one before a named one.)
+var<workgroup> wts_g: array<f32, ATT_CHUNK * GROUP>;
+var<workgroup> att_red_g: array<f32, ATT_WG * GROUP>;
+
 // One fixed-shape binary tree per head of the group over its att_red slots (pairs l, l + st for
 // st = ATT_WG / 2, ..., 1: every head's tree has this shape whatever the group), max or sum,
 // sharing the barriers. The values are stored before the call; results are left in slot 0.
@@ -339,9 +562,9 @@ fn group_trees(lid: u32, is_max: bool) {
     for (var st = ATT_WG / 2u; st > 0u; st >>= 1u) {
         if (lid < st) {
             for (var g = 0u; g < GROUP; g++) {
-                let a = att_red[g * ATT_WG + lid];
-                let b = att_red[g * ATT_WG + lid + st];
-                att_red[g * ATT_WG + lid] = select(a + b, max(a, b), is_max);
+                let a = att_red_g[g * ATT_WG + lid];
+                let b = att_red_g[g * ATT_WG + lid + st];
+                att_red_g[g * ATT_WG + lid] = select(a + b, max(a, b), is_max);
             }
         }
         workgroupBarrier();
@@ -355,7 +578,7 @@ fn part_at(t: u32, h: u32, c: u32) -> u32 {
 
 // Grid (heads / GROUP, chunks, tokens). p.max_blocks = chunks per (token, head) in PART.
 @compute @workgroup_size(ATT_WG)
-fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn qsa_attend_group(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let h0 = wg.x * GROUP;
     let c = wg.y;
     let t = wg.z;
@@ -420,28 +643,28 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
             sg = ((dg.x + dg.y) + (dg.z + dg.w)) * p.scale;
         }
         s[g] = sg;
-        att_red[g * ATT_WG + lid.x] = sg;
+        att_red_g[g * ATT_WG + lid.x] = sg;
     }
     group_trees(lid.x, true);
     var m: array<f32, MAX_GROUP>;
     for (var g = 0u; g < GROUP; g++) {
-        m[g] = att_red[g * ATT_WG];
+        m[g] = att_red_g[g * ATT_WG];
     }
     workgroupBarrier();
     for (var g = 0u; g < GROUP; g++) {
         var e = 0.0;
         if (lid.x < nk) {
             e = exp(s[g] - m[g]);
-            wts[g * ATT_CHUNK + lid.x] = e;
+            wts_g[g * ATT_CHUNK + lid.x] = e;
         }
-        att_red[g * ATT_WG + lid.x] = e;
+        att_red_g[g * ATT_WG + lid.x] = e;
     }
     group_trees(lid.x, false);
     if (lid.x == 0u) {
         for (var g = 0u; g < GROUP; g++) {
             let out = part_at(t, h0 + g, c);
             PART[out] = m[g];
-            PART[out + 1u] = att_red[g * ATT_WG];
+            PART[out + 1u] = att_red_g[g * ATT_WG];
         }
     }
     for (var i = lid.x; i < p.hd; i += ATT_WG) {
@@ -453,66 +676,7 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         let v0 = kvh * p.hd + i;
         let nk4 = nk & ~3u;
         var j = 0u;
-        // Several steps' loads first, then the fmas in step order (sixteen or eight steps for one
-        // head, four for a group, whose sums take more registers).
-        if (GROUP == 1u) {
-            for (; j + 64u <= nk4; j += 64u) {
-                let u0 = vals4(j, kv_width, v0);
-                let u1 = vals4(j + 4u, kv_width, v0);
-                let u2 = vals4(j + 8u, kv_width, v0);
-                let u3 = vals4(j + 12u, kv_width, v0);
-                let u4 = vals4(j + 16u, kv_width, v0);
-                let u5 = vals4(j + 20u, kv_width, v0);
-                let u6 = vals4(j + 24u, kv_width, v0);
-                let u7 = vals4(j + 28u, kv_width, v0);
-                let u8 = vals4(j + 32u, kv_width, v0);
-                let u9 = vals4(j + 36u, kv_width, v0);
-                let u10 = vals4(j + 40u, kv_width, v0);
-                let u11 = vals4(j + 44u, kv_width, v0);
-                let u12 = vals4(j + 48u, kv_width, v0);
-                let u13 = vals4(j + 52u, kv_width, v0);
-                let u14 = vals4(j + 56u, kv_width, v0);
-                let u15 = vals4(j + 60u, kv_width, v0);
-                var a = acc[0];
-                a = fma(wts4(0u, j), u0, a);
-                a = fma(wts4(0u, j + 4u), u1, a);
-                a = fma(wts4(0u, j + 8u), u2, a);
-                a = fma(wts4(0u, j + 12u), u3, a);
-                a = fma(wts4(0u, j + 16u), u4, a);
-                a = fma(wts4(0u, j + 20u), u5, a);
-                a = fma(wts4(0u, j + 24u), u6, a);
-                a = fma(wts4(0u, j + 28u), u7, a);
-                a = fma(wts4(0u, j + 32u), u8, a);
-                a = fma(wts4(0u, j + 36u), u9, a);
-                a = fma(wts4(0u, j + 40u), u10, a);
-                a = fma(wts4(0u, j + 44u), u11, a);
-                a = fma(wts4(0u, j + 48u), u12, a);
-                a = fma(wts4(0u, j + 52u), u13, a);
-                a = fma(wts4(0u, j + 56u), u14, a);
-                a = fma(wts4(0u, j + 60u), u15, a);
-                acc[0] = a;
-            }
-            for (; j + 32u <= nk4; j += 32u) {
-                let u0 = vals4(j, kv_width, v0);
-                let u1 = vals4(j + 4u, kv_width, v0);
-                let u2 = vals4(j + 8u, kv_width, v0);
-                let u3 = vals4(j + 12u, kv_width, v0);
-                let u4 = vals4(j + 16u, kv_width, v0);
-                let u5 = vals4(j + 20u, kv_width, v0);
-                let u6 = vals4(j + 24u, kv_width, v0);
-                let u7 = vals4(j + 28u, kv_width, v0);
-                var a = acc[0];
-                a = fma(wts4(0u, j), u0, a);
-                a = fma(wts4(0u, j + 4u), u1, a);
-                a = fma(wts4(0u, j + 8u), u2, a);
-                a = fma(wts4(0u, j + 12u), u3, a);
-                a = fma(wts4(0u, j + 16u), u4, a);
-                a = fma(wts4(0u, j + 20u), u5, a);
-                a = fma(wts4(0u, j + 24u), u6, a);
-                a = fma(wts4(0u, j + 28u), u7, a);
-                acc[0] = a;
-            }
-        }
+        // Four steps' loads first, then each head's fmas in step order.
         for (; j + 16u <= nk4; j += 16u) {
             let u0 = vals4(j, kv_width, v0);
             let u1 = vals4(j + 4u, kv_width, v0);
@@ -520,38 +684,33 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
             let u3 = vals4(j + 12u, kv_width, v0);
             for (var g = 0u; g < GROUP; g++) {
                 var a = acc[g];
-                a = fma(wts4(g, j), u0, a);
-                a = fma(wts4(g, j + 4u), u1, a);
-                a = fma(wts4(g, j + 8u), u2, a);
-                a = fma(wts4(g, j + 12u), u3, a);
+                a = fma(wts4g(g, j), u0, a);
+                a = fma(wts4g(g, j + 4u), u1, a);
+                a = fma(wts4g(g, j + 8u), u2, a);
+                a = fma(wts4g(g, j + 12u), u3, a);
                 acc[g] = a;
             }
         }
         for (; j < nk4; j += 4u) {
             let u = vals4(j, kv_width, v0);
             for (var g = 0u; g < GROUP; g++) {
-                acc[g] = fma(wts4(g, j), u, acc[g]);
+                acc[g] = fma(wts4g(g, j), u, acc[g]);
             }
         }
         for (var g = 0u; g < GROUP; g++) {
             var a = acc[g];
             for (var jt = nk4; jt < nk; jt++) {
-                a.x = fma(wts[g * ATT_CHUNK + jt], value_at(kpos[jt] * kv_width + v0), a.x);
+                a.x = fma(wts_g[g * ATT_CHUNK + jt], value_at(kpos[jt] * kv_width + v0), a.x);
             }
             PART[part_at(t, h0 + g, c) + 2u + i] = (a.x + a.y) + (a.z + a.w);
         }
     }
 }
 
-// Values at offset v0 of keys j .. j + 3 of the chunk (rows kv_width apart), and head g's weights.
-fn vals4(j: u32, kv_width: u32, v0: u32) -> vec4<f32> {
-    return vec4<f32>(value_at(kpos[j] * kv_width + v0), value_at(kpos[j + 1u] * kv_width + v0),
-                     value_at(kpos[j + 2u] * kv_width + v0), value_at(kpos[j + 3u] * kv_width + v0));
-}
-
-fn wts4(g: u32, j: u32) -> vec4<f32> {
+// Head g's weights of keys j .. j + 3.
+fn wts4g(g: u32, j: u32) -> vec4<f32> {
     let b = g * ATT_CHUNK + j;
-    return vec4<f32>(wts[b], wts[b + 1u], wts[b + 2u], wts[b + 3u]);
+    return vec4<f32>(wts_g[b], wts_g[b + 1u], wts_g[b + 2u], wts_g[b + 3u]);
 }
 
 // Grid (heads, tokens): merge the chunks of qsa_attend in chunk order, apply the output gate.

@@ -301,7 +301,17 @@ fn all_op_shaders_build() {
             &["gdn_conv", "gdn_recurrence", "gdn_recurrence_norm"],
         ),
         ("ple", &["ple_gate", "ple_conv"]),
-        ("qsa", &["rope", "qsa_select", "qsa_attend", "qsa_merge"]),
+        (
+            "qsa",
+            &[
+                "rope",
+                "qsa_score",
+                "qsa_select",
+                "qsa_attend",
+                "qsa_attend_group",
+                "qsa_merge",
+            ],
+        ),
         (
             "moe",
             &[

@@ -967,10 +967,13 @@ pub fn qsa_attend(
         KvType::Q8_0 => 2.0,
     };
     let (group, kt) = attend_shape(ctx, t, h, params.n_kv as usize);
-    let attend = PipelineKey::new("qsa", "qsa_attend")
-        .constant("KV_MODE", mode)
-        .constant("KT_DIMS", kt as f64)
-        .constant("GROUP", group as f64);
+    let attend = if group > 1 {
+        PipelineKey::new("qsa", "qsa_attend_group").constant("GROUP", group as f64)
+    } else {
+        PipelineKey::new("qsa", "qsa_attend")
+    }
+    .constant("KV_MODE", mode)
+    .constant("KT_DIMS", kt as f64);
     need(partials, qsa_partials_len(t, h, hd), "qsa partials")?;
     let params = QsaParams {
         max_blocks: u(chunks)?,
