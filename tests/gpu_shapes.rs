@@ -224,3 +224,29 @@ fn subgroup_sizes_must_be_powers_of_two_from_4_to_128() {
         assert!(!subgroup_size_ok(bad), "{bad}");
     }
 }
+
+/// Rows of at most half a subgroup's 32-value tasks in wide tiles (the hyper-connection up
+/// projection's shape: 320 values, 10 tasks): the lanes split into groups that take different
+/// vectors, then move each task's value to the lane a decode step has it on. One block of each
+/// type (a few for the 32-value ones) and 21 vectors: the same tolerance, and batched == one
+/// vector at a time, bit for bit, at whatever subgroup size the adapter has (CI: 4, 8, 16).
+#[test]
+fn short_rows_in_wide_tiles() {
+    let Some(ctx) = context() else { return };
+    let mut failures = Vec::new();
+    for ty in gpu_types() {
+        let lengths: &[usize] = match ty.block_size() {
+            1 => &[32, 64, 128],
+            32 => &[32, 64, 96, 128, 320],
+            b => &[b],
+        };
+        for &row_len in lengths {
+            for (rows, items) in [(37, 21), (5, 17)] {
+                if let Err(e) = check_shape(&ctx, ty, rows, row_len, items) {
+                    failures.push(e);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
