@@ -132,20 +132,3 @@ fn norm_seg(s: Seg, pos: u32, j: u32) -> Seg {
     return Seg(norm4(s.v0, inv, w), norm4(s.v1, inv, w + 4u), norm4(s.v2, inv, w + 8u),
                norm4(s.v3, inv, w + 12u));
 }
-
-// Prefill's half of the fused norm: the normed vectors alone (norm_prologue's inverse norms and
-// store, with this pipeline's WG, so the same bits as the decode step's fused dispatch stores and
-// multiplies), for a wide plain mat-vec over them. Grid (slices of each vector, tiles of ITEMS).
-@compute @workgroup_size(WG)
-fn norm_store(@builtin(workgroup_id) wg: vec3<u32>,
-              @builtin(num_workgroups) n_wg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32,
-              @builtin(subgroup_id) sg_id: u32,
-              @builtin(num_subgroups) n_sg: u32,
-              @builtin(subgroup_invocation_id) lane: u32) {
-    let tile = tile_of(wg);
-    if (tile.n_items == 0u) {
-        return;
-    }
-    norm_prologue(tile, wg.x, n_wg.x, lid, lane, sg_id, n_sg);
-}

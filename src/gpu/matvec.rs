@@ -500,13 +500,12 @@ pub fn matvec_with(
         // Prefill: the normed vectors first, then wide tiles over them (the same bits).
         let Store::Segments {
             fused: SegFusion::Norm(n),
-            first,
             ..
         } = store
         else {
             return Err(GpuError::BadArgs("norm apart without a norm".into()));
         };
-        norm_store(ctx, rec, w, x, n, first, items)?;
+        norm_store(ctx, rec, w, x, store, items)?;
         return matvec_with(ctx, rec, w, n.normed, XForm::Plain, plain, items);
     }
     let sg = subgroup_size(ctx);
@@ -749,33 +748,64 @@ fn norm_apart<'a>(
     )
 }
 
-/// The normed vectors of an [`InputNorm`] alone (`x_norm.wgsl`'s `norm_store`, of the pipeline
-/// family the fused dispatch uses, so the same inverse norms and values): one workgroup per vector.
+/// The normed vectors of an [`InputNorm`] alone: the decode step's own fused pipeline (`matvec_seg`
+/// of the `matvec_norm` assembly, one vector per workgroup, the same constants) run with no rows,
+/// so only its norm prologue works. The same compiled code as a decode step, hence the same
+/// values: a separate entry point with the same source was not enough, as a compiler may treat
+/// the same expression differently in two kernels (llvmpipe did at subgroup size 4).
 fn norm_store(
     ctx: &GpuContext,
     rec: &mut Recorder,
     w: &GpuWeight,
     x: View,
-    n: InputNorm,
-    first: [usize; 3],
+    store: Store,
     items: usize,
 ) -> Result<(), GpuError> {
+    let Store::Segments {
+        outs,
+        first,
+        silu0,
+        fused: SegFusion::Norm(n),
+    } = store
+    else {
+        return Err(GpuError::BadArgs("norm store without a norm".into()));
+    };
     let Some(part) = w.parts.first() else {
         return Err(GpuError::BadArgs(format!("matvec {}: no parts", w.name)));
     };
+    let grid = ctx.grid_buffer(w.ty)?;
     let mut params = base_params(w, part, x, XForm::Plain, items)?;
+    segment_params(w, &mut params, outs, first, items)?;
+    let mut y0_mode = 0;
+    if let Some(scale) = silu0 {
+        params.x_scale = scale;
+        y0_mode = 2;
+    }
     norm_params(w, &mut params, XForm::Plain, first, n, items)?;
+    let split = k_split(ctx, w);
+    params.rows_per_wg = to_u32(
+        (wg_size() / subgroup_size(ctx) / split).max(1),
+        "row groups per workgroup",
+    )?;
     params.item0 = 0;
+    // No rows: the workgroups only norm and store their vectors.
+    params.rows = 0;
+    let mut b = bindings(w, part, &grid);
+    b.extend([
+        (1, &*x.buf.buffer),
+        (2, &*outs[0].buf.buffer),
+        (6, &*outs[1].buf.buffer),
+        (7, &*n.normed.buf.buffer),
+        (15, &*n.weight.buffer),
+    ]);
     let (gy, gz) = item_grid(items);
     let per_sg = tile_rows(w, w.n_rows, 1);
     rec.push(
         ctx,
-        &fused_key("matvec_norm", w, "norm_store", per_sg, 1, 3),
-        &[
-            (1, &*x.buf.buffer),
-            (7, &*n.normed.buf.buffer),
-            (15, &*n.weight.buffer),
-        ],
+        &fused_key("matvec_norm", w, "matvec_seg", per_sg, 1, 3)
+            .constant("KSPLIT", split as f64)
+            .constant("Y0_MODE", y0_mode as f64),
+        &b,
         bytemuck::bytes_of(&params),
         [1, gy, gz],
     )
