@@ -225,11 +225,11 @@ fn subgroup_sizes_must_be_powers_of_two_from_4_to_128() {
     }
 }
 
-/// Rows of at most half a subgroup's 32-value tasks in wide tiles (the hyper-connection up
-/// projection's shape: 320 values, 10 tasks): the lanes split into groups that take different
-/// vectors, then move each task's value to the lane a decode step has it on. One block of each
-/// type (a few for the 32-value ones) and 21 vectors: the same tolerance, and batched == one
-/// vector at a time, bit for bit, at whatever subgroup size the adapter has (CI: 4, 8, 16).
+/// Rows of fewer 32-value tasks than a subgroup has lanes, in wide tiles (the hyper-connection up
+/// projection's shape: 320 values, 10 tasks). One block of each type (a few for the 32-value ones)
+/// and 21 vectors: the same tolerance, and batched == one vector at a time, bit for bit, at
+/// whatever subgroup size the adapter has (CI: 4, 8, 16). (Two kernels that spread such rows'
+/// vectors over lane groups passed this test and were slower on the H200: docs/bench/README.md.)
 #[test]
 fn short_rows_in_wide_tiles() {
     let Some(ctx) = context() else { return };

@@ -87,15 +87,12 @@ fn reduce_quad(q: Quad) -> Quad {
 // against the first `nq` quads of the tile (a uniform count: the last tile of an expert's items
 // may hold fewer), reduced over the subgroup.
 fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size: u32) -> Wide {
-    let tasks = (p.k / QK) * TASKS_PER_BLOCK;
-    if (KSPLIT == 1u && QUADS > 1u && 2u * tasks <= sg_size) {
-        return rows_wide_short(row0, row_step, n_rows, nq, lane, sg_size, tasks);
-    }
     var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
     let last = n_rows - 1u;
     let r1 = row0 + min(1u, last) * row_step;
     let r2 = row0 + min(2u, last) * row_step;
     let r3 = row0 + min(3u, last) * row_step;
+    let tasks = (p.k / QK) * TASKS_PER_BLOCK;
     for (var t = lane; t < tasks; t += sg_size) {
         let xo = task_x(t);
         // Decoded once each (rows past ROWS are dead code).
@@ -126,69 +123,6 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
         r.q3 = reduce_quad(acc.q3);
     }
     return r;
-}
-
-// Rows of at most half a subgroup's tasks (the hyper-connection up projection's 320 values are 10
-// tasks): rows_wide would keep lanes tasks .. S-1 idle. Here the lanes form groups of `tasks`,
-// group g taking the tile's quads g, g + groups, ... (lane t of a group: task t, as rows_dot's
-// lane t has it, its one task since tasks <= S); then each quad's values move to lanes
-// 0 .. tasks-1 (zeros elsewhere), where rows_dot holds them, before the same subgroupAdd per
-// (row, vector): the same bits, with up to 4 times the lanes at work.
-fn rows_wide_short(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size: u32,
-                   tasks: u32) -> Wide {
-    let groups = min(sg_size / tasks, QUADS);
-    let g = lane / tasks;
-    let t = lane % tasks;
-    var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
-    if (g < groups) {
-        let last = n_rows - 1u;
-        let r1 = row0 + min(1u, last) * row_step;
-        let r2 = row0 + min(2u, last) * row_step;
-        let r3 = row0 + min(3u, last) * row_step;
-        let xo = task_x(t);
-        let w0 = task_w(row0 * p.row_bytes, row_d(row0), t);
-        let w1 = task_w(r1 * p.row_bytes, row_d(r1), t);
-        let w2 = task_w(r2 * p.row_bytes, row_d(r2), t);
-        let w3 = task_w(r3 * p.row_bytes, row_d(r3), t);
-        if (g == 0u) {
-            acc.q0 = quad_add(acc.q0, w0, w1, w2, w3, XQ0, xo);
-        }
-        if (nq > 1u && g == 1u % groups) {
-            acc.q1 = quad_add(acc.q1, w0, w1, w2, w3, XQ1, xo);
-        }
-        if (QUADS > 2u && nq > 2u && g == 2u % groups) {
-            acc.q2 = quad_add(acc.q2, w0, w1, w2, w3, XQ2, xo);
-        }
-        if (QUADS > 3u && nq > 3u && g == 3u % groups) {
-            acc.q3 = quad_add(acc.q3, w0, w1, w2, w3, XQ3, xo);
-        }
-    }
-    var r = acc;
-    r.q0 = reduce_quad(acc.q0);
-    if (nq > 1u) {
-        r.q1 = reduce_quad(move_quad(acc.q1, (1u % groups) * tasks, lane, tasks));
-    }
-    if (QUADS > 2u && nq > 2u) {
-        r.q2 = reduce_quad(move_quad(acc.q2, (2u % groups) * tasks, lane, tasks));
-    }
-    if (QUADS > 3u && nq > 3u) {
-        r.q3 = reduce_quad(move_quad(acc.q3, (3u % groups) * tasks, lane, tasks));
-    }
-    return r;
-}
-
-// Lane l < tasks gets lane l + offset's values, the other lanes zeros (offset 0: as they are).
-fn move_quad(q: Quad, offset: u32, lane: u32, tasks: u32) -> Quad {
-    if (offset == 0u) {
-        return q;
-    }
-    let mine = lane < tasks;
-    let src = select(lane, lane + offset, mine);
-    let z = vec4<f32>(0.0);
-    return Quad(select(z, subgroupShuffle(q.v0, src), mine),
-                select(z, subgroupShuffle(q.v1, src), mine),
-                select(z, subgroupShuffle(q.v2, src), mine),
-                select(z, subgroupShuffle(q.v3, src), mine));
 }
 
 // Vector v (< 16) of `a`: a vec4 over the rows (selects: a dynamically indexed array would live
