@@ -318,32 +318,33 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
         let store = grp.live && sg_id % KSPLIT == 0u;
         let row0 = grp.row0;
         let n_rows = grp.n_rows;
-        if (store && lane == 0u) {
-            for (var j = 0u; j < ROWS; j++) {
-                let g = p.row_base + row0 + j;
-                var buf = 0u;
-                var stride = p.y_stride;
-                var at = p.y_offset + g;
-                if (g >= p.seg2) {
-                    buf = 2u;
-                    stride = p.y2_stride;
-                    at = p.y2_offset + g - p.seg2;
-                } else if (g >= p.seg1) {
-                    buf = 1u;
-                    stride = p.y1_stride;
-                    at = p.y1_offset + g - p.seg1;
-                }
-                var v = acc_row(acc, j);
-                if (Y0_MODE == 2u && buf == 0u) {
-                    v = silu4(v * p.x_scale);
-                }
-                if (Y0_MODE == 3u && buf == 0u && j < n_rows) {
-                    v.x = seg0_store(g, v.x);
-                }
-                for (var i = 0u; i < TILE; i++) {
-                    if (j < n_rows && i < ITEMS) {
-                        put(buf, (tile.first_item + i) * stride + at, comp(v, i));
-                    }
+        // Lane j stores row j (every lane holds the reduced rows; the same arithmetic whichever
+        // lane runs it), so the rows' stores, and decode's conv of each channel (its history read
+        // then shifted), run side by side rather than one after another on lane 0.
+        for (var j = lane; store && j < ROWS; j += sg_size) {
+            let g = p.row_base + row0 + j;
+            var buf = 0u;
+            var stride = p.y_stride;
+            var at = p.y_offset + g;
+            if (g >= p.seg2) {
+                buf = 2u;
+                stride = p.y2_stride;
+                at = p.y2_offset + g - p.seg2;
+            } else if (g >= p.seg1) {
+                buf = 1u;
+                stride = p.y1_stride;
+                at = p.y1_offset + g - p.seg1;
+            }
+            var v = acc_row(acc, j);
+            if (Y0_MODE == 2u && buf == 0u) {
+                v = silu4(v * p.x_scale);
+            }
+            if (Y0_MODE == 3u && buf == 0u && j < n_rows) {
+                v.x = seg0_store(g, v.x);
+            }
+            for (var i = 0u; i < TILE; i++) {
+                if (j < n_rows && i < ITEMS) {
+                    put(buf, (tile.first_item + i) * stride + at, comp(v, i));
                 }
             }
         }
@@ -412,21 +413,20 @@ fn matvec_combine(@builtin(workgroup_id) wg: vec3<u32>,
         let store = grp.live && sg_id % KSPLIT == 0u;
         let row0 = grp.row0;
         let n_rows = grp.n_rows;
-        if (store && lane == 0u) {
-            let wide = p.h * p.hc;
-            for (var t = 0u; t < TILE; t++) {
-                if (t < ITEMS) {
-                    let item = tile.first_item + t;
-                    for (var s = 0u; s < p.hc; s++) {
-                        let alpha = 2.0 * sigmoid(AUX[item * p.hc + s] * (1.0 / f32(p.hc)));
-                        for (var j = 0u; j < ROWS; j++) {
-                            if (j < n_rows) {
-                                let at = item * wide + s * p.h + p.row_base + row0 + j;
-                                Y[at] += alpha * comp(acc_row(acc, j), t);
-                            }
-                        }
-                    }
-                }
+        // Lane q adds the (vector, stream, row) triples q, q + S, ... (every lane holds the
+        // reduced rows; the same arithmetic whichever lane runs it): each add reads and writes Y,
+        // so on one lane they would run one memory latency after another.
+        let wide = p.h * p.hc;
+        let per_item = p.hc * ROWS;
+        for (var q = lane; store && q < TILE * per_item; q += sg_size) {
+            let t = q / per_item;
+            let s = (q % per_item) / ROWS;
+            let j = q % ROWS;
+            if (t < ITEMS && j < n_rows) {
+                let item = tile.first_item + t;
+                let alpha = 2.0 * sigmoid(AUX[item * p.hc + s] * (1.0 / f32(p.hc)));
+                let at = item * wide + s * p.h + p.row_base + row0 + j;
+                Y[at] += alpha * comp(acc_row(acc, j), t);
             }
         }
     }
@@ -505,17 +505,27 @@ fn matvec_expert_combine(@builtin(workgroup_id) wg: vec3<u32>,
                          @builtin(subgroup_invocation_id) lane: u32,
                          @builtin(subgroup_size) sg_size: u32) {
     prologue(lid);
-    workgroupBarrier();
     let tok = wg.y + wg.z * 65535u;
     let row0 = wg.x * ROWS;
-    if (tok * p.slots >= p.items || row0 >= p.rows) {
+    let live = tok * p.slots < p.items && row0 < p.rows;
+    // The first slot's expert is read while the prologue's loads are in flight.
+    var first_id = 0u;
+    if (live && sg_id < p.slots) {
+        first_id = IDS[tok * p.slots + sg_id];
+    }
+    workgroupBarrier();
+    if (!live) {
         return;
     }
     let n_rows = min(ROWS, p.rows - row0);
     XS = vec4<u32>(0u);
     for (var s = sg_id; s < p.slots; s += n_sg) {
         let item = tok * p.slots + s;
-        let unit = min(IDS[item] - p.expert_first, p.expert_count - 1u);
+        var id = first_id;
+        if (s != sg_id) {
+            id = IDS[item];
+        }
+        let unit = min(id - p.expert_first, p.expert_count - 1u);
         let acc = rows_dot(unit * p.rows + row0, 1u, n_rows, item_x(item), 1u, lane, sg_size);
         if (lane == 0u) {
             for (var j = 0u; j < ROWS; j++) {
@@ -524,18 +534,20 @@ fn matvec_expert_combine(@builtin(workgroup_id) wg: vec3<u32>,
         }
     }
     workgroupBarrier();
-    if (lid >= n_rows) {
-        return;
-    }
-    let i = row0 + lid;
-    let gate = 1.0 / (1.0 + exp(-SGATE[tok]));
-    var m = 0.0;
-    for (var slot = 0u; slot < p.slots; slot++) {
-        m += RWTS[tok * p.slots + slot] * SLOT_ROWS[slot * ROWS + lid];
-    }
-    m += gate * ROUTED[tok * p.h + i];
+    // Invocation q finishes row q % n_rows into stream q / n_rows (each row's sum computed alike
+    // by each of its streams' invocations: the same bits), so the streams' read-modify-writes of
+    // Y run side by side.
     let wide = p.h * p.hc;
-    for (var s = 0u; s < p.hc; s++) {
+    for (var q = lid; q < n_rows * p.hc; q += WG) {
+        let r = q % n_rows;
+        let s = q / n_rows;
+        let i = row0 + r;
+        let gate = 1.0 / (1.0 + exp(-SGATE[tok]));
+        var m = 0.0;
+        for (var slot = 0u; slot < p.slots; slot++) {
+            m += RWTS[tok * p.slots + slot] * SLOT_ROWS[slot * ROWS + r];
+        }
+        m += gate * ROUTED[tok * p.h + i];
         let alpha = 2.0 * (1.0 / (1.0 + exp(-(AUX[tok * p.hc + s] * (1.0 / f32(p.hc))))));
         Y[tok * wide + s * p.h + i] += alpha * m;
     }
@@ -567,8 +579,9 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
                  @builtin(subgroup_invocation_id) lane: u32,
                  @builtin(subgroup_size) sg_size: u32) {
     prologue(lid);
-    workgroupBarrier();
+    // The item's expert is read while the prologue's loads are in flight.
     let it = expert_item(wg);
+    workgroupBarrier();
     if (!it.live) {
         return;
     }
@@ -605,8 +618,9 @@ fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
                      @builtin(subgroup_invocation_id) lane: u32,
                      @builtin(subgroup_size) sg_size: u32) {
     prologue(lid);
-    workgroupBarrier();
+    // The item's expert is read while the prologue's loads are in flight.
     let it = expert_item(wg);
+    workgroupBarrier();
     if (!it.live) {
         return;
     }

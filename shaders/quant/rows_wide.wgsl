@@ -397,8 +397,8 @@ fn matvec_mix_wide(@builtin(workgroup_id) wg: vec3<u32>,
     }
 }
 
-// matvec_combine in wide tiles: lane v adds vector v's rows into its streams as matvec_combine
-// does.
+// matvec_combine in wide tiles: each (vector, stream, row) added into the wide residual as
+// matvec_combine adds it.
 @compute @workgroup_size(WG)
 fn matvec_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32,
@@ -418,18 +418,19 @@ fn matvec_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
         if (!grp.live || sg_id % KSPLIT != 0u) {
             continue;
         }
+        // Lane q adds the (vector, stream, row) triples q, q + S, ...: each add reads and writes
+        // Y, so the lanes take them side by side rather than each a vector's chain of them.
         let wide = p.h * p.hc;
-        for (var v = lane; v < ITEMS; v += sg_size) {
-            let item = first_item + v;
-            let rows = wide_vector(acc, v);
-            for (var s = 0u; s < p.hc; s++) {
+        let per_item = p.hc * ROWS;
+        for (var q = lane; q < ITEMS * per_item; q += sg_size) {
+            let v = q / per_item;
+            let s = (q % per_item) / ROWS;
+            let j = q % ROWS;
+            if (j < grp.n_rows) {
+                let item = first_item + v;
                 let alpha = 2.0 * sigmoid(AUX[item * p.hc + s] * (1.0 / f32(p.hc)));
-                for (var j = 0u; j < ROWS; j++) {
-                    if (j < grp.n_rows) {
-                        let at = item * wide + s * p.h + p.row_base + grp.row0 + j;
-                        Y[at] += alpha * comp(rows, j);
-                    }
-                }
+                let at = item * wide + s * p.h + p.row_base + grp.row0 + j;
+                Y[at] += alpha * wide_value(acc, j, v);
             }
         }
     }
