@@ -545,8 +545,9 @@ fn wts4(j: u32) -> vec4<f32> {
 // qsa_attend_group: qsa_attend for GROUP query heads of one kv head per workgroup (the
 // launcher's choice for prefill chunks, a divisor of the heads per kv head): each key tile and
 // each value load serves all of them, while every head keeps qsa_attend's arithmetic (its own fma
-// chains in the same order, its own fixed-shape trees), so the same bits. Decode steps keep
-// qsa_attend, one head per workgroup (the heads spread over more workgroups).
+// chains in the same order, its own fixed-shape trees), so the same bits. Decode steps take at
+// most 4 heads per workgroup (the launcher's QSA_DECODE_GROUP: the heads spread over more
+// workgroups); GROUP 1 is qsa_attend.
 const MAX_GROUP: u32 = 16u;
 // wts_g[g * ATT_CHUNK + j]: head g's weight of key j; att_red_g[g * ATT_WG + l]: head g's trees.
 // (Arrays sized by override expressions come after every named override: naga 30 processes the

@@ -904,6 +904,10 @@ const QSA_ATT_WG: usize = 256;
 const QSA_MAX_GROUP: usize = 16;
 /// Chunks of at least this many tokens group the query heads of a kv head in one workgroup.
 const QSA_GROUP_MIN_TOKENS: usize = 8;
+/// Shorter chunks (decode) group at most this many: the heads spread over more workgroups, while
+/// each key tile still serves several. (H200, 48 layers, 2,100 keys: `qsa_attend` 1,196 us per
+/// step with one head per workgroup, 875 with 4; `docs/bench/attend-group.txt`.)
+const QSA_DECODE_GROUP: usize = 4;
 
 /// Workgroup memory `qsa_attend` needs with key tiles of `kt` dims and `group` heads.
 fn attend_memory(kt: usize, group: usize) -> usize {
@@ -911,15 +915,19 @@ fn attend_memory(kt: usize, group: usize) -> usize {
     tile + QSA_CHUNK * 4 * (group + 1) + QSA_ATT_WG * 4 * group
 }
 
-/// `qsa_attend`'s query heads per workgroup (GROUP) and dims per key tile (KT_DIMS). A decode
-/// step or a short chunk takes one head per workgroup, with tiles of 32 dims where the device's
-/// workgroup memory holds them, else 16; a prefill chunk the most heads of one kv head (a
-/// divisor of `heads / n_kv`) that fit, with the larger tile where it still fits. Every head's
+/// `qsa_attend`'s query heads per workgroup (GROUP) and dims per key tile (KT_DIMS): the most
+/// heads of one kv head (a divisor of `heads / n_kv`; at most [`QSA_DECODE_GROUP`] for a decode
+/// step or a short chunk) that fit, with tiles of 32 dims where the device's workgroup memory
+/// still holds them, else 16. Every head's
 /// arithmetic is the same whatever the choice, so the same bits (`STRATA_ATTEND_TILE=16` forces
-/// the smaller tile, `STRATA_ATTEND_GROUP=1` one head per workgroup, to check that).
+/// the smaller tile, `STRATA_ATTEND_GROUP=1` one head per workgroup, to check that;
+/// `STRATA_ATTEND_GROUP=N` at most N heads per workgroup for every chunk, decode too, for tuning).
 fn attend_shape(ctx: &GpuContext, tokens: usize, heads: usize, n_kv: usize) -> (usize, usize) {
     let forced_small = std::env::var("STRATA_ATTEND_TILE").as_deref() == Ok("16");
-    let one_head = std::env::var("STRATA_ATTEND_GROUP").as_deref() == Ok("1");
+    let forced_group = std::env::var("STRATA_ATTEND_GROUP")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n >= 1);
     let limit = ctx.limits.max_compute_workgroup_storage_size as usize;
     let tiles: &[usize] = if forced_small { &[16] } else { &[32, 16] };
     let per_kv = if n_kv > 0 && heads.is_multiple_of(n_kv) {
@@ -927,10 +935,10 @@ fn attend_shape(ctx: &GpuContext, tokens: usize, heads: usize, n_kv: usize) -> (
     } else {
         1
     };
-    let most = if tokens >= QSA_GROUP_MIN_TOKENS && !one_head {
-        per_kv.min(QSA_MAX_GROUP)
-    } else {
-        1
+    let most = match forced_group {
+        Some(n) => n.min(per_kv).min(QSA_MAX_GROUP),
+        None if tokens >= QSA_GROUP_MIN_TOKENS => per_kv.min(QSA_MAX_GROUP),
+        None => per_kv.min(QSA_DECODE_GROUP),
     };
     for group in (1..=most).rev().filter(|g| per_kv.is_multiple_of(*g)) {
         for &kt in tiles {
