@@ -295,6 +295,24 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
     }
 }
 
+// Where row g (part-relative plus row_base) of a segmented store goes: its buffer (0, 1 or 2),
+// that buffer's vector stride and the row's offset in it.
+struct SegAt {
+    buf: u32,
+    stride: u32,
+    at: u32,
+}
+
+fn seg_of(g: u32) -> SegAt {
+    if (g >= p.seg2) {
+        return SegAt(2u, p.y2_stride, p.y2_offset + g - p.seg2);
+    }
+    if (g >= p.seg1) {
+        return SegAt(1u, p.y1_stride, p.y1_offset + g - p.seg1);
+    }
+    return SegAt(0u, p.y_stride, p.y_offset + g);
+}
+
 @compute @workgroup_size(WG)
 fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
               @builtin(num_workgroups) n_wg: vec3<u32>,
@@ -323,18 +341,8 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
         // then shifted), run side by side rather than one after another on lane 0.
         for (var j = lane; store && j < ROWS; j += sg_size) {
             let g = p.row_base + row0 + j;
-            var buf = 0u;
-            var stride = p.y_stride;
-            var at = p.y_offset + g;
-            if (g >= p.seg2) {
-                buf = 2u;
-                stride = p.y2_stride;
-                at = p.y2_offset + g - p.seg2;
-            } else if (g >= p.seg1) {
-                buf = 1u;
-                stride = p.y1_stride;
-                at = p.y1_offset + g - p.seg1;
-            }
+            let seg = seg_of(g);
+            let buf = seg.buf;
             var v = acc_row(acc, j);
             if (Y0_MODE == 2u && buf == 0u) {
                 v = silu4(v * p.x_scale);
@@ -344,7 +352,7 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
             }
             for (var i = 0u; i < TILE; i++) {
                 if (j < n_rows && i < ITEMS) {
-                    put(buf, (tile.first_item + i) * stride + at, comp(v, i));
+                    put(buf, (tile.first_item + i) * seg.stride + seg.at, comp(v, i));
                 }
             }
         }

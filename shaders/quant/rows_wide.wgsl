@@ -291,24 +291,12 @@ fn matvec_seg_wide(@builtin(workgroup_id) wg: vec3<u32>,
 
 // Row `row` (part-relative) of vector `item` into its segment, as matvec_seg stores it.
 fn wide_seg_put(item: u32, row: u32, v: f32) {
-    let g = p.row_base + row;
-    var buf = 0u;
-    var stride = p.y_stride;
-    var at = p.y_offset + g;
-    if (g >= p.seg2) {
-        buf = 2u;
-        stride = p.y2_stride;
-        at = p.y2_offset + g - p.seg2;
-    } else if (g >= p.seg1) {
-        buf = 1u;
-        stride = p.y1_stride;
-        at = p.y1_offset + g - p.seg1;
-    }
+    let seg = seg_of(p.row_base + row);
     var value = v;
-    if (Y0_MODE == 2u && buf == 0u) {
+    if (Y0_MODE == 2u && seg.buf == 0u) {
         value = silu4(vec4<f32>(v) * p.x_scale).x;
     }
-    put(buf, item * stride + at, value);
+    put(seg.buf, item * seg.stride + seg.at, value);
 }
 
 // matvec_group in wide tiles: an expert's items ITEMS at a time, the last tile's missing items
