@@ -5,9 +5,10 @@
 //!    2048) accumulated by the cooperative matrices in f32, against exact integer sums.
 //! 2. Tile kernels whose block sums come from the cooperative matrices against the decode form of
 //!    the same arithmetic (fma chains, one subgroup per output), on the same data: equal bits
-//!    mean tensor-core prefill can keep decode's bits. Three reductions over tasks: 32 classes
+//!    mean tensor-core prefill can keep decode's bits. Four reductions over tasks: 32 classes
 //!    with `subgroupAdd` (`tile` / `reference`), 16 and 8 classes with a fixed tree (`tile32` /
-//!    `reference16`, `tile8` / `reference8`).
+//!    `reference16`, `tile8` / `reference8`), and one class, each output folding its tasks in
+//!    order (`tile1`, `tile1w` / `reference1`).
 //! 3. Throughput of each at model shapes, and two diagnostics of `tile8`'s cost (`tile8_noepi`,
 //!    `tile8_bare`).
 //!
@@ -46,6 +47,13 @@ fn main() {
     probe.form_throughput("tile8", (32, 64), (10240, 512, 2560));
     probe.form_throughput("tile8", (32, 64), (1280, 64, 2560));
     probe.form_throughput("tile8", (32, 64), (2560, 2048, 640));
+    probe.form_bits("tile1", "reference1", (64, 128), 1, (128, 128, 2560));
+    probe.form_bits("tile1", "reference1", (64, 128), 1, (64, 128, 2592));
+    probe.form_throughput("tile1", (64, 128), (10240, 512, 2560));
+    probe.form_throughput("tile1", (64, 128), (2560, 2048, 640));
+    probe.form_bits("tile1w", "reference1", (128, 128), 1, (128, 256, 2592));
+    probe.form_throughput("tile1w", (128, 128), (10240, 512, 2560));
+    probe.form_throughput("tile1w", (128, 128), (2560, 2048, 640));
     // Diagnostics (meaningless outputs): the epilogue removed, then the dequant staging too.
     probe.form_throughput("tile8_noepi", (32, 64), (10240, 512, 2560));
     probe.form_throughput("tile8_bare", (32, 64), (10240, 512, 2560));

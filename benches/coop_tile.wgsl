@@ -621,3 +621,256 @@ fn tile8_bare(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let u = stage_hl(acc2, acc3, w, lane);
     Y[(tok0 + lane % 16u) * p.rows + row0 + w] = v.h.a.x + v.l.b.w + u.h.a.y + u.l.b.z;
 }
+
+// ---- Fourth form: one class (C = 1), warps splitting the tile ----
+// out = fold over tasks t in order of acc = fma(s_t, x_t, acc), x_t = Σh·eh + Σl·el (both
+// products exact, so x_t is one rounding of an exact sum whichever unit computed the sums).
+// Workgroup: 8 warps, tile 64 rows x 128 tokens; warp w takes rows 32 (w / 4) .., tokens
+// 32 (w % 4) ..: 2 x 2 blocks. A (64 rows x 32 codes of task t) is staged once per task for all
+// warps; B fragments come from global memory. Lane output i (0..32): block i / 8, element
+// lane + 32 (i % 8).
+var<workgroup> A4: array<f16, 2048>;
+var<workgroup> C4: array<f32, 4096>;
+
+fn stage_a4(row0: u32, t: u32, lid: u32) {
+    // 256 invocations x 8 codes: row lid / 4, codes 8 (lid % 4) ...
+    let r = lid / 4u;
+    let q = lid % 4u;
+    let word0 = ((row0 + r) * p.k + t * 32u + 8u * q) / 4u;
+    let c0 = codes4(W[word0]);
+    let c1 = codes4(W[word0 + 1u]);
+    let at = r * 32u + 8u * q;
+    A4[at] = c0.x;
+    A4[at + 1u] = c0.y;
+    A4[at + 2u] = c0.z;
+    A4[at + 3u] = c0.w;
+    A4[at + 4u] = c1.x;
+    A4[at + 5u] = c1.y;
+    A4[at + 6u] = c1.z;
+    A4[at + 7u] = c1.w;
+}
+
+fn stage_hl4(h: coop_mat16x16<f32, C>, l: coop_mat16x16<f32, C>, w: u32, lane: u32) -> HL {
+    coopStoreT(h, &C4[w * 512u], 16u);
+    coopStoreT(l, &C4[w * 512u + 256u], 16u);
+    subgroupBarrier();
+    let a = w * 512u + lane;
+    let b = a + 256u;
+    let r = HL(V8(vec4<f32>(C4[a], C4[a + 32u], C4[a + 64u], C4[a + 96u]),
+                  vec4<f32>(C4[a + 128u], C4[a + 160u], C4[a + 192u], C4[a + 224u])),
+               V8(vec4<f32>(C4[b], C4[b + 32u], C4[b + 64u], C4[b + 96u]),
+                  vec4<f32>(C4[b + 128u], C4[b + 160u], C4[b + 192u], C4[b + 224u])));
+    subgroupBarrier();
+    return r;
+}
+
+fn fold1(acc: V8, s: V8, v: HL, e: vec2<f32>) -> V8 {
+    return V8(fma(s.a, v.h.a * e.x + v.l.a * e.y, acc.a), fma(s.b, v.h.b * e.x + v.l.b * e.y, acc.b));
+}
+
+@compute @workgroup_size(256)
+fn tile1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = lid / 32u;
+    let lane = lid % 32u;
+    let row0 = wg.x * 64u;
+    let tok0 = wg.y * 128u;
+    let wr = (w / 4u) * 32u;
+    let wt = (w % 4u) * 32u;
+    let blocks = p.k / 32u;
+    var p00 = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var p01 = p00;
+    var p10 = p00;
+    var p11 = p00;
+    for (var t = 0u; t < p.tasks; t++) {
+        workgroupBarrier();
+        stage_a4(row0, t, lid);
+        workgroupBarrier();
+        let a00 = coopLoadT<coop_mat16x16<f16, A>>(&A4[wr * 32u], 32u);
+        let a01 = coopLoadT<coop_mat16x16<f16, A>>(&A4[wr * 32u + 16u], 32u);
+        let a10 = coopLoadT<coop_mat16x16<f16, A>>(&A4[(wr + 16u) * 32u], 32u);
+        let a11 = coopLoadT<coop_mat16x16<f16, A>>(&A4[(wr + 16u) * 32u + 16u], 32u);
+        let r0 = row0 + wr + lane / 16u;
+        var s0: V8;
+        var s1: V8;
+        s0.a = vec4<f32>(S2[r0 * p.tasks + t], S2[(r0 + 2u) * p.tasks + t],
+                         S2[(r0 + 4u) * p.tasks + t], S2[(r0 + 6u) * p.tasks + t]);
+        s0.b = vec4<f32>(S2[(r0 + 8u) * p.tasks + t], S2[(r0 + 10u) * p.tasks + t],
+                         S2[(r0 + 12u) * p.tasks + t], S2[(r0 + 14u) * p.tasks + t]);
+        s1.a = vec4<f32>(S2[(r0 + 16u) * p.tasks + t], S2[(r0 + 18u) * p.tasks + t],
+                         S2[(r0 + 20u) * p.tasks + t], S2[(r0 + 22u) * p.tasks + t]);
+        s1.b = vec4<f32>(S2[(r0 + 24u) * p.tasks + t], S2[(r0 + 26u) * p.tasks + t],
+                         S2[(r0 + 28u) * p.tasks + t], S2[(r0 + 30u) * p.tasks + t]);
+        let zero = coop_mat16x16<f32, C>();
+        for (var tb = 0u; tb < 2u; tb++) {
+            let x = (tok0 + wt + tb * 16u) * p.k + t * 32u;
+            let bh0 = coopLoad<coop_mat16x16<f16, B>>(&XH[x], p.k);
+            let bh1 = coopLoad<coop_mat16x16<f16, B>>(&XH[x + 16u], p.k);
+            let bl0 = coopLoad<coop_mat16x16<f16, B>>(&XL[x], p.k);
+            let bl1 = coopLoad<coop_mat16x16<f16, B>>(&XL[x + 16u], p.k);
+            let h0 = coopMultiplyAdd(a01, bh1, coopMultiplyAdd(a00, bh0, zero));
+            let l0 = coopMultiplyAdd(a01, bl1, coopMultiplyAdd(a00, bl0, zero));
+            let h1 = coopMultiplyAdd(a11, bh1, coopMultiplyAdd(a10, bh0, zero));
+            let l1 = coopMultiplyAdd(a11, bl1, coopMultiplyAdd(a10, bl0, zero));
+            let e = E2[(tok0 + wt + tb * 16u + lane % 16u) * blocks + t];
+            let v0 = stage_hl4(h0, l0, w, lane);
+            let v1 = stage_hl4(h1, l1, w, lane);
+            if (tb == 0u) {
+                p00 = fold1(p00, s0, v0, e);
+                p10 = fold1(p10, s1, v1, e);
+            } else {
+                p01 = fold1(p01, s0, v0, e);
+                p11 = fold1(p11, s1, v1, e);
+            }
+        }
+    }
+    // Block (rb, tb) of the warp, lane element j: row wr + 16 rb + lane / 16 + 2 j, token
+    // wt + 16 tb + lane % 16.
+    for (var j = 0u; j < 8u; j++) {
+        let rr = row0 + wr + lane / 16u + 2u * j;
+        let tt = tok0 + wt + lane % 16u;
+        let c = j % 4u;
+        let hi = j >= 4u;
+        Y[tt * p.rows + rr] = select(p00.a[c], p00.b[c], hi);
+        Y[(tt + 16u) * p.rows + rr] = select(p01.a[c], p01.b[c], hi);
+        Y[tt * p.rows + rr + 16u] = select(p10.a[c], p10.b[c], hi);
+        Y[(tt + 16u) * p.rows + rr + 16u] = select(p11.a[c], p11.b[c], hi);
+    }
+}
+
+// Decode form of the fourth arithmetic: lanes compute x_t side by side (exact block sums), then
+// lane 0 folds acc = fma(s_t, x_t, acc) in task order.
+var<workgroup> XT: array<f32, 1024>;
+
+@compute @workgroup_size(32)
+fn reference1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wg.x;
+    let tok = wg.y;
+    for (var t = lid; t < p.tasks; t += 32u) {
+        let e = E2[tok * (p.k / 32u) + t];
+        var h = 0.0;
+        var l = 0.0;
+        for (var i = 0u; i < 32u; i++) {
+            let cd = code(row, t * 32u + i);
+            h = fma(cd, f32(XH[tok * p.k + t * 32u + i]) * e.x, h);
+            l = fma(cd, f32(XL[tok * p.k + t * 32u + i]) * e.y, l);
+        }
+        XT[t] = h + l;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var acc = 0.0;
+        for (var t = 0u; t < p.tasks; t++) {
+            acc = fma(S2[row * p.tasks + t], XT[t], acc);
+        }
+        Y[tok * p.rows + row] = acc;
+    }
+}
+
+// tile1 with 32 x 64 per warp (2 x 4 blocks), 128 x 128 per workgroup (warps 4 x 2): each A
+// fragment feeds 4 block pairs, each B fragment 2.
+var<workgroup> A5: array<f16, 4096>;
+
+fn stage_a5(row0: u32, t: u32, lid: u32) {
+    // 256 invocations x 16 codes: row lid / 2, codes 16 (lid % 2) ...
+    let r = lid / 2u;
+    let q = lid % 2u;
+    let word0 = ((row0 + r) * p.k + t * 32u + 16u * q) / 4u;
+    let at = r * 32u + 16u * q;
+    for (var j = 0u; j < 4u; j++) {
+        let c = codes4(W[word0 + j]);
+        A5[at + 4u * j] = c.x;
+        A5[at + 4u * j + 1u] = c.y;
+        A5[at + 4u * j + 2u] = c.z;
+        A5[at + 4u * j + 3u] = c.w;
+    }
+}
+
+fn scales16(r0: u32, t: u32) -> V8 {
+    return V8(vec4<f32>(S2[r0 * p.tasks + t], S2[(r0 + 2u) * p.tasks + t],
+                        S2[(r0 + 4u) * p.tasks + t], S2[(r0 + 6u) * p.tasks + t]),
+              vec4<f32>(S2[(r0 + 8u) * p.tasks + t], S2[(r0 + 10u) * p.tasks + t],
+                        S2[(r0 + 12u) * p.tasks + t], S2[(r0 + 14u) * p.tasks + t]));
+}
+
+struct P8 {
+    b0: V8,
+    b1: V8,
+    b2: V8,
+    b3: V8,
+}
+
+fn p8_get(q: P8, tb: u32) -> V8 {
+    switch tb {
+        case 0u: { return q.b0; }
+        case 1u: { return q.b1; }
+        case 2u: { return q.b2; }
+        default: { return q.b3; }
+    }
+}
+
+fn p8_set(q: P8, tb: u32, v: V8) -> P8 {
+    var r = q;
+    switch tb {
+        case 0u: { r.b0 = v; }
+        case 1u: { r.b1 = v; }
+        case 2u: { r.b2 = v; }
+        default: { r.b3 = v; }
+    }
+    return r;
+}
+
+fn put_block(acc: V8, row: u32, tok: u32) {
+    for (var j = 0u; j < 8u; j++) {
+        let c = j % 4u;
+        Y[tok * p.rows + row + 2u * j] = select(acc.a[c], acc.b[c], j >= 4u);
+    }
+}
+
+@compute @workgroup_size(256)
+fn tile1w(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = lid / 32u;
+    let lane = lid % 32u;
+    let row0 = wg.x * 128u;
+    let tok0 = wg.y * 128u;
+    let wr = (w / 2u) * 32u;
+    let wt = (w % 2u) * 64u;
+    let blocks = p.k / 32u;
+    let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var q0 = P8(z, z, z, z);
+    var q1 = P8(z, z, z, z);
+    for (var t = 0u; t < p.tasks; t++) {
+        workgroupBarrier();
+        stage_a5(row0, t, lid);
+        workgroupBarrier();
+        let a00 = coopLoadT<coop_mat16x16<f16, A>>(&A5[wr * 32u], 32u);
+        let a01 = coopLoadT<coop_mat16x16<f16, A>>(&A5[wr * 32u + 16u], 32u);
+        let a10 = coopLoadT<coop_mat16x16<f16, A>>(&A5[(wr + 16u) * 32u], 32u);
+        let a11 = coopLoadT<coop_mat16x16<f16, A>>(&A5[(wr + 16u) * 32u + 16u], 32u);
+        let r0 = row0 + wr + lane / 16u;
+        let s0 = scales16(r0, t);
+        let s1 = scales16(r0 + 16u, t);
+        let zero = coop_mat16x16<f32, C>();
+        for (var tb = 0u; tb < 4u; tb++) {
+            let x = (tok0 + wt + tb * 16u) * p.k + t * 32u;
+            let bh0 = coopLoad<coop_mat16x16<f16, B>>(&XH[x], p.k);
+            let bh1 = coopLoad<coop_mat16x16<f16, B>>(&XH[x + 16u], p.k);
+            let bl0 = coopLoad<coop_mat16x16<f16, B>>(&XL[x], p.k);
+            let bl1 = coopLoad<coop_mat16x16<f16, B>>(&XL[x + 16u], p.k);
+            let h0 = coopMultiplyAdd(a01, bh1, coopMultiplyAdd(a00, bh0, zero));
+            let l0 = coopMultiplyAdd(a01, bl1, coopMultiplyAdd(a00, bl0, zero));
+            let h1 = coopMultiplyAdd(a11, bh1, coopMultiplyAdd(a10, bh0, zero));
+            let l1 = coopMultiplyAdd(a11, bl1, coopMultiplyAdd(a10, bl0, zero));
+            let e = E2[(tok0 + wt + tb * 16u + lane % 16u) * blocks + t];
+            let v0 = stage_hl4(h0, l0, w, lane);
+            let v1 = stage_hl4(h1, l1, w, lane);
+            q0 = p8_set(q0, tb, fold1(p8_get(q0, tb), s0, v0, e));
+            q1 = p8_set(q1, tb, fold1(p8_get(q1, tb), s1, v1, e));
+        }
+    }
+    let rr = row0 + wr + lane / 16u;
+    let tt = tok0 + wt + lane % 16u;
+    for (var tb = 0u; tb < 4u; tb++) {
+        put_block(p8_get(q0, tb), rr, tt + 16u * tb);
+        put_block(p8_get(q1, tb), rr + 16u, tt + 16u * tb);
+    }
+}
