@@ -9,7 +9,8 @@
 //!    with `subgroupAdd` (`tile` / `reference`), 16 and 8 classes with a fixed tree (`tile32` /
 //!    `reference16`, `tile8` / `reference8`), and one class, each output folding its tasks in
 //!    order (`tile1`, `tile1w` / `reference1`).
-//! 3. Throughput of each at model shapes, and two diagnostics of `tile8`'s cost (`tile8_noepi`,
+//! 3. Throughput of each at model shapes (median of 5 timed submissions after a 0.3 s warm-up),
+//!    and diagnostics of what the tiles' time goes to (`tile1_nos`, `tile1_noe`, `tile8_noepi`,
 //!    `tile8_bare`).
 //!
 //! On an adapter without cooperative matrices (lavapipe) it says so and runs nothing.
@@ -51,6 +52,8 @@ fn main() {
     probe.form_bits("tile1", "reference1", (64, 128), 1, (64, 128, 2592));
     probe.form_throughput("tile1", (64, 128), (10240, 512, 2560));
     probe.form_throughput("tile1", (64, 128), (2560, 2048, 640));
+    probe.form_throughput("tile1_nos", (64, 128), (10240, 512, 2560));
+    probe.form_throughput("tile1_noe", (64, 128), (10240, 512, 2560));
     probe.form_bits("tile1w", "reference1", (128, 128), 1, (128, 256, 2592));
     probe.form_throughput("tile1w", (128, 128), (10240, 512, 2560));
     probe.form_throughput("tile1w", (128, 128), (2560, 2048, 640));
@@ -223,6 +226,22 @@ impl Probe {
         self.queue.submit([enc.finish()]);
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
         start.elapsed().as_secs_f64()
+    }
+
+    /// Seconds per dispatch of `entry`: a warm-up of at least 0.3 s (clocks up), then the median
+    /// of 5 submissions of enough dispatches to take about 20 ms each.
+    fn time(&self, entry: &str, bind: &wgpu::BindGroup, groups: (u32, u32)) -> f64 {
+        let once = self.run(entry, bind, groups, 1).max(1e-6);
+        let reps = ((0.02 / once).ceil() as u32).clamp(1, 2000);
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < 0.3 {
+            self.run(entry, bind, groups, reps);
+        }
+        let mut samples: Vec<f64> = (0..5)
+            .map(|_| self.run(entry, bind, groups, reps) / reps as f64)
+            .collect();
+        samples.sort_by(f64::total_cmp);
+        samples[2]
     }
 
     fn read(&self, buf: &wgpu::Buffer, floats: usize) -> Vec<f32> {
@@ -424,9 +443,7 @@ impl Probe {
         let bind = self.bind(&data, &y);
         let groups = ((rows / tile.0) as u32, (toks / tile.1) as u32);
         let macs = (rows * toks * k) as f64;
-        self.run(kernel, &bind, groups, 2);
-        let reps = 10;
-        let secs = self.run(kernel, &bind, groups, reps) / reps as f64;
+        let secs = self.time(kernel, &bind, groups);
         println!(
             "{kernel}: {rows} x {toks} x {k}: {:.3} ms, {:.1} TFLOP/s of real products",
             secs * 1e3,
@@ -440,9 +457,7 @@ impl Probe {
         let bind = self.bind(&data, &y);
         let groups = ((rows / 32) as u32, (toks / 32) as u32);
         let macs = (rows * toks * k) as f64;
-        self.run("tile32", &bind, groups, 2);
-        let reps = 10;
-        let secs = self.run("tile32", &bind, groups, reps) / reps as f64;
+        let secs = self.time("tile32", &bind, groups);
         println!(
             "tile32: {rows} x {toks} x {k}: {:.3} ms, {:.1} TFLOP/s of real products",
             secs * 1e3,
@@ -457,9 +472,7 @@ impl Probe {
         let groups = ((rows / 16) as u32, (toks / 16) as u32);
         let macs = (rows * toks * k) as f64;
         for entry in ["mma_only", "tile"] {
-            self.run(entry, &bind, groups, 2);
-            let reps = 10;
-            let secs = self.run(entry, &bind, groups, reps) / reps as f64;
+            let secs = self.time(entry, &bind, groups);
             println!(
                 "{entry}: {rows} x {toks} x {k}: {:.3} ms, {:.1} TFLOP/s of real products",
                 secs * 1e3,

@@ -737,6 +737,143 @@ fn tile1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     }
 }
 
+@compute @workgroup_size(256)
+fn tile1_nos(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = lid / 32u;
+    let lane = lid % 32u;
+    let row0 = wg.x * 64u;
+    let tok0 = wg.y * 128u;
+    let wr = (w / 4u) * 32u;
+    let wt = (w % 4u) * 32u;
+    let blocks = p.k / 32u;
+    var p00 = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var p01 = p00;
+    var p10 = p00;
+    var p11 = p00;
+    for (var t = 0u; t < p.tasks; t++) {
+        workgroupBarrier();
+        stage_a4(row0, t, lid);
+        workgroupBarrier();
+        let a00 = coopLoadT<coop_mat16x16<f16, A>>(&A4[wr * 32u], 32u);
+        let a01 = coopLoadT<coop_mat16x16<f16, A>>(&A4[wr * 32u + 16u], 32u);
+        let a10 = coopLoadT<coop_mat16x16<f16, A>>(&A4[(wr + 16u) * 32u], 32u);
+        let a11 = coopLoadT<coop_mat16x16<f16, A>>(&A4[(wr + 16u) * 32u + 16u], 32u);
+        let r0 = row0 + wr + lane / 16u;
+        var s0: V8;
+        var s1: V8;
+        s0.a = vec4<f32>(f32(t));
+        s0.b = s0.a;
+        s1.a = s0.a;
+        s1.b = s0.a;
+        let zero = coop_mat16x16<f32, C>();
+        for (var tb = 0u; tb < 2u; tb++) {
+            let x = (tok0 + wt + tb * 16u) * p.k + t * 32u;
+            let bh0 = coopLoad<coop_mat16x16<f16, B>>(&XH[x], p.k);
+            let bh1 = coopLoad<coop_mat16x16<f16, B>>(&XH[x + 16u], p.k);
+            let bl0 = coopLoad<coop_mat16x16<f16, B>>(&XL[x], p.k);
+            let bl1 = coopLoad<coop_mat16x16<f16, B>>(&XL[x + 16u], p.k);
+            let h0 = coopMultiplyAdd(a01, bh1, coopMultiplyAdd(a00, bh0, zero));
+            let l0 = coopMultiplyAdd(a01, bl1, coopMultiplyAdd(a00, bl0, zero));
+            let h1 = coopMultiplyAdd(a11, bh1, coopMultiplyAdd(a10, bh0, zero));
+            let l1 = coopMultiplyAdd(a11, bl1, coopMultiplyAdd(a10, bl0, zero));
+            let e = E2[(tok0 + wt + tb * 16u + lane % 16u) * blocks + t];
+            let v0 = stage_hl4(h0, l0, w, lane);
+            let v1 = stage_hl4(h1, l1, w, lane);
+            if (tb == 0u) {
+                p00 = fold1(p00, s0, v0, e);
+                p10 = fold1(p10, s1, v1, e);
+            } else {
+                p01 = fold1(p01, s0, v0, e);
+                p11 = fold1(p11, s1, v1, e);
+            }
+        }
+    }
+    // Block (rb, tb) of the warp, lane element j: row wr + 16 rb + lane / 16 + 2 j, token
+    // wt + 16 tb + lane % 16.
+    for (var j = 0u; j < 8u; j++) {
+        let rr = row0 + wr + lane / 16u + 2u * j;
+        let tt = tok0 + wt + lane % 16u;
+        let c = j % 4u;
+        let hi = j >= 4u;
+        Y[tt * p.rows + rr] = select(p00.a[c], p00.b[c], hi);
+        Y[(tt + 16u) * p.rows + rr] = select(p01.a[c], p01.b[c], hi);
+        Y[tt * p.rows + rr + 16u] = select(p10.a[c], p10.b[c], hi);
+        Y[(tt + 16u) * p.rows + rr + 16u] = select(p11.a[c], p11.b[c], hi);
+    }
+}
+
+@compute @workgroup_size(256)
+fn tile1_noe(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = lid / 32u;
+    let lane = lid % 32u;
+    let row0 = wg.x * 64u;
+    let tok0 = wg.y * 128u;
+    let wr = (w / 4u) * 32u;
+    let wt = (w % 4u) * 32u;
+    let blocks = p.k / 32u;
+    var ka = coop_mat16x16<f32, C>();
+    var kb = coop_mat16x16<f32, C>();
+    var kc = coop_mat16x16<f32, C>();
+    var kd = coop_mat16x16<f32, C>();
+    var p00 = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var p01 = p00;
+    var p10 = p00;
+    var p11 = p00;
+    for (var t = 0u; t < p.tasks; t++) {
+        workgroupBarrier();
+        stage_a4(row0, t, lid);
+        workgroupBarrier();
+        let a00 = coopLoadT<coop_mat16x16<f16, A>>(&A4[wr * 32u], 32u);
+        let a01 = coopLoadT<coop_mat16x16<f16, A>>(&A4[wr * 32u + 16u], 32u);
+        let a10 = coopLoadT<coop_mat16x16<f16, A>>(&A4[(wr + 16u) * 32u], 32u);
+        let a11 = coopLoadT<coop_mat16x16<f16, A>>(&A4[(wr + 16u) * 32u + 16u], 32u);
+        let r0 = row0 + wr + lane / 16u;
+        var s0: V8;
+        var s1: V8;
+        s0.a = vec4<f32>(S2[r0 * p.tasks + t], S2[(r0 + 2u) * p.tasks + t],
+                         S2[(r0 + 4u) * p.tasks + t], S2[(r0 + 6u) * p.tasks + t]);
+        s0.b = vec4<f32>(S2[(r0 + 8u) * p.tasks + t], S2[(r0 + 10u) * p.tasks + t],
+                         S2[(r0 + 12u) * p.tasks + t], S2[(r0 + 14u) * p.tasks + t]);
+        s1.a = vec4<f32>(S2[(r0 + 16u) * p.tasks + t], S2[(r0 + 18u) * p.tasks + t],
+                         S2[(r0 + 20u) * p.tasks + t], S2[(r0 + 22u) * p.tasks + t]);
+        s1.b = vec4<f32>(S2[(r0 + 24u) * p.tasks + t], S2[(r0 + 26u) * p.tasks + t],
+                         S2[(r0 + 28u) * p.tasks + t], S2[(r0 + 30u) * p.tasks + t]);
+        for (var tb = 0u; tb < 2u; tb++) {
+            let x = (tok0 + wt + tb * 16u) * p.k + t * 32u;
+            let bh0 = coopLoad<coop_mat16x16<f16, B>>(&XH[x], p.k);
+            let bh1 = coopLoad<coop_mat16x16<f16, B>>(&XH[x + 16u], p.k);
+            let bl0 = coopLoad<coop_mat16x16<f16, B>>(&XL[x], p.k);
+            let bl1 = coopLoad<coop_mat16x16<f16, B>>(&XL[x + 16u], p.k);
+            ka = coopMultiplyAdd(a01, bh1, ka);
+            kb = coopMultiplyAdd(a00, bl0, kb);
+            kc = coopMultiplyAdd(a11, bl1, kc);
+            kd = coopMultiplyAdd(a10, bh0, kd);
+            ka = coopMultiplyAdd(a00, bh0, ka);
+            kb = coopMultiplyAdd(a01, bl1, kb);
+            kc = coopMultiplyAdd(a10, bl0, kc);
+            kd = coopMultiplyAdd(a11, bh1, kd);
+        }
+    }
+    let u0 = stage_hl4(ka, kb, w, lane);
+    let u1 = stage_hl4(kc, kd, w, lane);
+    p00 = u0.h;
+    p01 = u0.l;
+    p10 = u1.h;
+    p11 = u1.l;
+    // Block (rb, tb) of the warp, lane element j: row wr + 16 rb + lane / 16 + 2 j, token
+    // wt + 16 tb + lane % 16.
+    for (var j = 0u; j < 8u; j++) {
+        let rr = row0 + wr + lane / 16u + 2u * j;
+        let tt = tok0 + wt + lane % 16u;
+        let c = j % 4u;
+        let hi = j >= 4u;
+        Y[tt * p.rows + rr] = select(p00.a[c], p00.b[c], hi);
+        Y[(tt + 16u) * p.rows + rr] = select(p01.a[c], p01.b[c], hi);
+        Y[tt * p.rows + rr + 16u] = select(p10.a[c], p10.b[c], hi);
+        Y[(tt + 16u) * p.rows + rr + 16u] = select(p11.a[c], p11.b[c], hi);
+    }
+}
+
 // Decode form of the fourth arithmetic: lanes compute x_t side by side (exact block sums), then
 // lane 0 folds acc = fma(s_t, x_t, acc) in task order.
 var<workgroup> XT: array<f32, 1024>;
