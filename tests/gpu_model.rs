@@ -114,6 +114,16 @@ fn tiny_f16_matches_reference_and_is_chunk_invariant() {
     check_type(&ctx, "F16", &["p1", "p7", "p64eos", "p300"]);
 }
 
+/// The limb arithmetic (docs/tensor-cores.md, the groundwork of tensor-core prefill): the same
+/// oracle tolerance and the same bits across runs and chunk sizes as today's arithmetic.
+#[test]
+fn limb_arithmetic_matches_reference_and_is_chunk_invariant() {
+    let Some(ctx) = common::gpu_context_limb() else {
+        return;
+    };
+    check_type(&ctx, "IQ3_S", &["p300"]);
+}
+
 #[test]
 fn tiny_iq3_s_matches_reference_and_is_chunk_invariant() {
     let Some(ctx) = context() else { return };

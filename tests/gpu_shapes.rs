@@ -10,10 +10,15 @@
 //! Each result is checked against an f64 dot of the CPU dequantizer's values: |error| <= 1e-5 of
 //! sum |w x| per row (f32 accumulation in another order), and one dispatch of several vectors must
 //! give the same bits as one dispatch per vector.
+//!
+//! The same shapes in the limb arithmetic (docs/tensor-cores.md), and that arithmetic against a
+//! CPU twin written from its definition (Q8_0), bit for bit: its fold is one order whatever the
+//! subgroup size, so the twin holds at 4, 8 and 16 alike.
 
 mod common;
 
 use common::gpu_context as context;
+use common::gpu_context_limb as limb_context;
 use std::sync::Arc;
 
 use strata::gguf::types::GgmlType;
@@ -244,6 +249,143 @@ fn short_rows_in_wide_tiles() {
             for (rows, items) in [(37, 21), (5, 17)] {
                 if let Err(e) = check_shape(&ctx, ty, rows, row_len, items) {
                     failures.push(e);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every GPU type in the limb arithmetic (the split layouts take it; the others keep theirs): few
+/// whole blocks, wide tiles of 17 and 21 vectors, and rows long enough that today's arithmetic would
+/// split them over subgroups. The same tolerance, and batched == one vector at a time.
+#[test]
+fn limb_arithmetic_shapes() {
+    let Some(ctx) = limb_context() else { return };
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for ty in gpu_types() {
+        let block = ty.block_size().max(32);
+        let mut shapes = vec![
+            (1, block, 1),
+            (3, 3 * block, 5),
+            (7, 5 * block, 2),
+            (37, block, 21),
+        ];
+        if ty.block_size() > 1 {
+            shapes.push((5, 2560, 17));
+            shapes.push((3, 17 * 256, 5));
+        }
+        for (rows, row_len, items) in shapes {
+            if let Err(e) = check_shape(&ctx, ty, rows, row_len, items) {
+                failures.push(e);
+            }
+            checked += 1;
+        }
+    }
+    println!("{checked} shapes checked, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Q8_0 blocks (f16 scale, 32 signed codes) with scales in [2^-8, 2^-6) and codes in -127..=127.
+fn q8_0_blocks(n: usize, seed: u64) -> Vec<u8> {
+    let r = random_vec(2 * n * 33, seed);
+    let mut out = Vec::with_capacity(n * 34);
+    for b in 0..n {
+        let d = half::f16::from_f32((1.0 + r[b * 66].abs()) / 256.0);
+        out.extend_from_slice(&d.to_le_bytes());
+        for i in 0..32 {
+            out.push(((r[b * 66 + 1 + i] * 127.0).round() as i8) as u8);
+        }
+    }
+    out
+}
+
+/// A 16-value segment's limbs, as rows_split.wgsl's `limbs` makes them.
+fn limbs(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let m = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    // frexp's exponent: m < 2^e (0 for m = 0), at least -100.
+    let e = if m == 0.0 {
+        0
+    } else {
+        (((m.to_bits() >> 23) & 0xff) as i32 - 126).max(-100)
+    };
+    let scale = |v: f32, n: i32| v * 2f32.powi(n);
+    let xh: Vec<f32> = x
+        .iter()
+        .map(|v| scale(scale(*v, 11 - e).round_ties_even(), e - 11))
+        .collect();
+    let xl = x
+        .iter()
+        .zip(&xh)
+        .map(|(v, h)| scale(scale(v - h, 22 - e).round_ties_even(), e - 22))
+        .collect();
+    (xh, xl)
+}
+
+/// Σ codes x limb, in index order with fma (exact: integer codes times one limb's grid).
+fn seg_sum(codes: &[f32], x: &[f32]) -> f32 {
+    codes.iter().zip(x).fold(0f32, |s, (c, v)| c.mul_add(*v, s))
+}
+
+/// The limb arithmetic of one Q8_0 row against one vector, from its definition.
+fn q8_0_limb_dot(block_bytes: &[u8], x: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (t, block) in block_bytes.chunks(34).enumerate() {
+        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let codes: Vec<f32> = block[2..34].iter().map(|b| *b as i8 as f32).collect();
+        let (ah, al) = limbs(&x[32 * t..32 * t + 16]);
+        let (bh, bl) = limbs(&x[32 * t + 16..32 * t + 32]);
+        let sa = seg_sum(&codes[..16], &ah) + seg_sum(&codes[..16], &al);
+        let sb = seg_sum(&codes[16..], &bh) + seg_sum(&codes[16..], &bl);
+        // One scale for both segments: s * (Σa + Σb) (rows_split.wgsl's task_dot_limb).
+        acc += d * (sa + sb);
+    }
+    acc
+}
+
+/// The limb arithmetic on the GPU equals its CPU twin bit for bit (Q8_0, decode and wide tiles),
+/// with x values spread over 2^-40 .. 2^8 so that segments get very different exponents.
+#[test]
+fn limb_arithmetic_equals_its_cpu_twin() {
+    let Some(ctx) = limb_context() else { return };
+    let mut failures = Vec::new();
+    for (rows, row_len, items) in [(7, 32, 1), (5, 96, 3), (9, 2560, 1), (37, 640, 21)] {
+        let blocks = q8_0_blocks(rows * row_len / 32, row_len as u64);
+        let stride = row_len.next_multiple_of(4);
+        let r = random_vec(items * stride, 77 + row_len as u64);
+        let x: Vec<f32> = r
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 2f32.powi(((i / 16) % 49) as i32 - 40))
+            .collect();
+        let w = GpuWeight::upload(&ctx, "q8_0", GgmlType::Q8_0, row_len, rows, 1, &blocks)
+            .expect("upload");
+        let xb = GpuBuf::from_f32(&ctx, "x", &x).expect("x");
+        let y = GpuBuf::zeros(&ctx, "y", items * rows).expect("y");
+        let mut rec = Recorder::new();
+        kernels::matvec(
+            &ctx,
+            &mut rec,
+            &w,
+            View::new(&xb, 0, stride),
+            View::new(&y, 0, rows),
+            items,
+        )
+        .expect("matvec");
+        rec.run(&ctx).expect("run");
+        let got = y.read_f32(&ctx, 0, items * rows).expect("read");
+        for i in 0..items {
+            for row in 0..rows {
+                let want = q8_0_limb_dot(
+                    &blocks[row * row_len / 32 * 34..(row + 1) * row_len / 32 * 34],
+                    &x[i * stride..i * stride + row_len],
+                );
+                let g = got[i * rows + row];
+                if g.to_bits() != want.to_bits() {
+                    failures.push(format!(
+                        "{rows}x{row_len} x{items}: vector {i} row {row}: GPU {g:e}, twin {want:e}"
+                    ));
                 }
             }
         }

@@ -152,6 +152,9 @@ fn row_task(row: u32, t: u32, x: TileX) -> vec4<f32> {
 // in named registers: no dynamically indexed array, which drivers place in slow local memory.
 fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, lane: u32,
             sg_size: u32) -> Acc {
+    if (LIMB) {
+        return rows_dot_limb(row0, row_step, n_rows, x_base, lane, sg_size);
+    }
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
@@ -173,6 +176,146 @@ fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, la
     }
     return Acc(reduce_items(a0, n_items), reduce_items(a1, n_items), reduce_items(a2, n_items),
                reduce_items(a3, n_items));
+}
+
+// ---- Limb arithmetic (LIMB; docs/tensor-cores.md) ----
+// The arithmetic a tensor-core prefill can reproduce bit for bit. Each 16-value x segment is split
+// into two integer limbs: with E the exponent of its largest |x| (|x| < 2^E, E at least -100),
+// xh = round(x * 2^(11-E)) * 2^(E-11) and xl = round((x - xh) * 2^(22-E)) * 2^(E-22). A segment's
+// sum over 16 integer codes times one limb is then exact in f32, whichever order adds it. A task
+// is worth s * (Σa + Σb) (one scale) or fma(sb, Σb, sa * Σa) with Σ = Σ(code * xh) +
+// Σ(code * xl) (task_dot_limb), and a row folds its task
+// values in task order, acc = acc + v (one order for every subgroup size and tile; the lanes
+// compute the task values side by side and every lane folds them through subgroupShuffle).
+// Set per context (`STRATA_ARITH=limb`); the launcher keeps KSPLIT at 1 with it.
+override LIMB: bool = false;
+
+// A segment's two limbs.
+struct LSeg {
+    h: Seg,
+    l: Seg,
+}
+
+fn limb4(v: vec4<f32>, e: i32) -> array<vec4<f32>, 2> {
+    let hi = round(ldexp(v, vec4<i32>(11 - e)));
+    let xh = ldexp(hi, vec4<i32>(e - 11));
+    let lo = round(ldexp(v - xh, vec4<i32>(22 - e)));
+    return array<vec4<f32>, 2>(xh, ldexp(lo, vec4<i32>(e - 22)));
+}
+
+fn limbs(s: Seg) -> LSeg {
+    let m = max(max(abs(s.v0), abs(s.v1)), max(abs(s.v2), abs(s.v3)));
+    let e = max(frexp(max(max(m.x, m.y), max(m.z, m.w))).exp, -100);
+    let a = limb4(s.v0, e);
+    let b = limb4(s.v1, e);
+    let c = limb4(s.v2, e);
+    let d = limb4(s.v3, e);
+    return LSeg(Seg(a[0], b[0], c[0], d[0]), Seg(a[1], b[1], c[1], d[1]));
+}
+
+fn seg_sum(t0: vec4<f32>, t1: vec4<f32>, t2: vec4<f32>, t3: vec4<f32>, x: Seg) -> f32 {
+    var s = fma4(t0, x.v0, 0.0);
+    s = fma4(t1, x.v1, s);
+    s = fma4(t2, x.v2, s);
+    return fma4(t3, x.v3, s);
+}
+
+// A task's value: s * (Σa + Σb) when both segments have one scale s (written so: a compiler that
+// sees one scale rewrites fma(s, Σb, s * Σa) into it, lavapipe does), else fma(sb, Σb, sa * Σa).
+fn task_dot_limb(t: Task, xa: LSeg, xb: LSeg) -> f32 {
+    let sa = seg_sum(t.a0, t.a1, t.a2, t.a3, xa.h) + seg_sum(t.a0, t.a1, t.a2, t.a3, xa.l);
+    let sb = seg_sum(t.b0, t.b1, t.b2, t.b3, xb.h) + seg_sum(t.b0, t.b1, t.b2, t.b3, xb.l);
+    return select(fma(t.sb, sb, t.sa * sa), t.sa * (sa + sb), t.sa == t.sb);
+}
+
+// The tile's x segments of one task in limbs (only ITEMS of them are split).
+struct TileL {
+    a0: LSeg,
+    b0: LSeg,
+    a1: LSeg,
+    b1: LSeg,
+    a2: LSeg,
+    b2: LSeg,
+    a3: LSeg,
+    b3: LSeg,
+}
+
+fn limb_tile_x(x_base: u32, xo: vec2<u32>) -> TileL {
+    let x = load_tile_x(x_base, xo);
+    let zero = LSeg(x.a1, x.a1);
+    var y = TileL(limbs(x.a0), limbs(x.b0), zero, zero, zero, zero, zero, zero);
+    if (ITEMS > 1u) {
+        y.a1 = limbs(x.a1);
+        y.b1 = limbs(x.b1);
+    }
+    if (ITEMS > 2u) {
+        y.a2 = limbs(x.a2);
+        y.b2 = limbs(x.b2);
+    }
+    if (ITEMS > 3u) {
+        y.a3 = limbs(x.a3);
+        y.b3 = limbs(x.b3);
+    }
+    return y;
+}
+
+fn row_task_limb(row: u32, t: u32, x: TileL) -> vec4<f32> {
+    let w = task_w(row * p.row_bytes, row_d(row), t);
+    var v = vec4<f32>(task_dot_limb(w, x.a0, x.b0), 0.0, 0.0, 0.0);
+    if (ITEMS > 1u) {
+        v.y = task_dot_limb(w, x.a1, x.b1);
+    }
+    if (ITEMS > 2u) {
+        v.z = task_dot_limb(w, x.a2, x.b2);
+    }
+    if (ITEMS > 3u) {
+        v.w = task_dot_limb(w, x.a3, x.b3);
+    }
+    return v;
+}
+
+// rows_dot in limb arithmetic: rounds of sg_size tasks (lane l computes task base + l; lanes past
+// the last task recompute it and are never folded), each round folded in task order on every lane.
+// Needs lane = the subgroup lane and sg_size = the subgroup size (KSPLIT 1).
+fn rows_dot_limb(row0: u32, row_step: u32, n_rows: u32, x_base: u32, lane: u32,
+                 sg_size: u32) -> Acc {
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    let last = n_rows - 1u;
+    let tasks = (p.k / QK) * TASKS_PER_BLOCK;
+    for (var base = 0u; base < tasks; base += sg_size) {
+        let t = min(base + lane, tasks - 1u);
+        let x = limb_tile_x(x_base, task_x(t));
+        let v0 = row_task_limb(row0, t, x);
+        var v1 = vec4<f32>(0.0);
+        var v2 = vec4<f32>(0.0);
+        var v3 = vec4<f32>(0.0);
+        if (ROWS > 1u) {
+            v1 = row_task_limb(row_at(row0, row_step, min(1u, last)), t, x);
+        }
+        if (ROWS > 2u) {
+            v2 = row_task_limb(row_at(row0, row_step, min(2u, last)), t, x);
+        }
+        if (ROWS > 3u) {
+            v3 = row_task_limb(row_at(row0, row_step, min(3u, last)), t, x);
+        }
+        let n = min(sg_size, tasks - base);
+        for (var l = 0u; l < n; l++) {
+            a0 = a0 + subgroupShuffle(v0, l);
+            if (ROWS > 1u) {
+                a1 = a1 + subgroupShuffle(v1, l);
+            }
+            if (ROWS > 2u) {
+                a2 = a2 + subgroupShuffle(v2, l);
+            }
+            if (ROWS > 3u) {
+                a3 = a3 + subgroupShuffle(v3, l);
+            }
+        }
+    }
+    return Acc(a0, a1, a2, a3);
 }
 
 // Row gather with dequantization (embedding lookup, and the dequant test): for item i, row IDS[i]

@@ -87,6 +87,9 @@ fn reduce_quad(q: Quad) -> Quad {
 // against the first `nq` quads of the tile (a uniform count: the last tile of an expert's items
 // may hold fewer), reduced over the subgroup.
 fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size: u32) -> Wide {
+    if (LIMB) {
+        return rows_wide_limb(row0, row_step, n_rows, nq, lane, sg_size);
+    }
     var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
     let last = n_rows - 1u;
     let r1 = row0 + min(1u, last) * row_step;
@@ -123,6 +126,79 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
         r.q3 = reduce_quad(acc.q3);
     }
     return r;
+}
+
+// rows_wide in limb arithmetic (quant/rows_split.wgsl's LIMB): each round of sg_size tasks is
+// computed side by side (lane l: task base + l) and folded in task order on every lane, as
+// rows_dot_limb folds it, so every (row, vector) has the bits of a decode step. Needs KSPLIT 1.
+fn tok_values_limb(w0: Task, w1: Task, w2: Task, w3: Task, first: u32,
+                   xo: vec2<u32>) -> vec4<f32> {
+    let xa = limbs(load_seg(first + xo.x));
+    let xb = limbs(load_seg(first + xo.y));
+    var v = vec4<f32>(task_dot_limb(w0, xa, xb), 0.0, 0.0, 0.0);
+    if (ROWS > 1u) {
+        v.y = task_dot_limb(w1, xa, xb);
+    }
+    if (ROWS > 2u) {
+        v.z = task_dot_limb(w2, xa, xb);
+    }
+    if (ROWS > 3u) {
+        v.w = task_dot_limb(w3, xa, xb);
+    }
+    return v;
+}
+
+fn quad_limb(w0: Task, w1: Task, w2: Task, w3: Task, b: vec4<u32>, xo: vec2<u32>) -> Quad {
+    return Quad(tok_values_limb(w0, w1, w2, w3, b.x, xo), tok_values_limb(w0, w1, w2, w3, b.y, xo),
+                tok_values_limb(w0, w1, w2, w3, b.z, xo), tok_values_limb(w0, w1, w2, w3, b.w, xo));
+}
+
+fn fold_quad(acc: Quad, v: Quad, l: u32) -> Quad {
+    return Quad(acc.v0 + subgroupShuffle(v.v0, l), acc.v1 + subgroupShuffle(v.v1, l),
+                acc.v2 + subgroupShuffle(v.v2, l), acc.v3 + subgroupShuffle(v.v3, l));
+}
+
+fn rows_wide_limb(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32,
+                  sg_size: u32) -> Wide {
+    var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
+    let last = n_rows - 1u;
+    let r1 = row0 + min(1u, last) * row_step;
+    let r2 = row0 + min(2u, last) * row_step;
+    let r3 = row0 + min(3u, last) * row_step;
+    let tasks = (p.k / QK) * TASKS_PER_BLOCK;
+    for (var base = 0u; base < tasks; base += sg_size) {
+        let t = min(base + lane, tasks - 1u);
+        let xo = task_x(t);
+        let w0 = task_w(row0 * p.row_bytes, row_d(row0), t);
+        let w1 = task_w(r1 * p.row_bytes, row_d(r1), t);
+        let w2 = task_w(r2 * p.row_bytes, row_d(r2), t);
+        let w3 = task_w(r3 * p.row_bytes, row_d(r3), t);
+        let n = min(sg_size, tasks - base);
+        // One quad's values at a time, folded before the next is computed (fewer live registers).
+        let v0 = quad_limb(w0, w1, w2, w3, XQ0, xo);
+        for (var l = 0u; l < n; l++) {
+            acc.q0 = fold_quad(acc.q0, v0, l);
+        }
+        if (QUADS > 1u && nq > 1u) {
+            let v1 = quad_limb(w0, w1, w2, w3, XQ1, xo);
+            for (var l = 0u; l < n; l++) {
+                acc.q1 = fold_quad(acc.q1, v1, l);
+            }
+        }
+        if (QUADS > 2u && nq > 2u) {
+            let v2 = quad_limb(w0, w1, w2, w3, XQ2, xo);
+            for (var l = 0u; l < n; l++) {
+                acc.q2 = fold_quad(acc.q2, v2, l);
+            }
+        }
+        if (QUADS > 3u && nq > 3u) {
+            let v3 = quad_limb(w0, w1, w2, w3, XQ3, xo);
+            for (var l = 0u; l < n; l++) {
+                acc.q3 = fold_quad(acc.q3, v3, l);
+            }
+        }
+    }
+    return acc;
 }
 
 // Vector v (< 16) of `a`: a vec4 over the rows (selects: a dynamically indexed array would live

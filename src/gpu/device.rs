@@ -76,6 +76,12 @@ fn instance() -> wgpu::Instance {
 }
 
 /// Whether `size` is a subgroup size the kernels handle: a power of two in [4, 128].
+/// `STRATA_ARITH=limb` selects the limb arithmetic for a process's contexts (experimental: the
+/// groundwork of tensor-core prefill, docs/tensor-cores.md); anything else keeps today's.
+fn limb_from_env() -> bool {
+    std::env::var("STRATA_ARITH").is_ok_and(|v| v == "limb")
+}
+
 pub fn subgroup_size_ok(size: u32) -> bool {
     size.is_power_of_two() && (4..=128).contains(&size)
 }
@@ -152,6 +158,12 @@ impl GpuContext {
     /// Create a device on adapter `index` (see [`list_adapters`]), or on the best adapter when
     /// `None` (discrete GPU first).
     pub fn new(index: Option<usize>) -> Result<Arc<Self>, GpuError> {
+        Self::with_arithmetic(index, limb_from_env())
+    }
+
+    /// A context whose split-layout mat-vecs use the limb arithmetic (`limb`, the arithmetic a
+    /// tensor-core prefill can reproduce: docs/tensor-cores.md) or today's.
+    pub fn with_arithmetic(index: Option<usize>, limb: bool) -> Result<Arc<Self>, GpuError> {
         let adapters = enumerate();
         if adapters.is_empty() {
             return Err(GpuError::NoAdapter(no_adapter_message()));
@@ -218,7 +230,7 @@ impl GpuContext {
         }));
         tracing::info!(adapter = %summary.name, driver = %summary.driver, "gpu device created");
         Ok(Arc::new(Self {
-            pipelines: PipelineCache::new(device.clone()),
+            pipelines: PipelineCache::new(device.clone(), limb),
             device,
             queue,
             adapter: summary,
@@ -300,8 +312,13 @@ impl GpuContext {
     /// Human-readable adapter line, e.g. for test output.
     pub fn describe(&self) -> String {
         let a = &self.adapter;
+        let arithmetic = if self.pipelines.limb() {
+            ", limb arithmetic"
+        } else {
+            ""
+        };
         format!(
-            "{} ({} / {}, driver {} {}, subgroup {}..{})",
+            "{} ({} / {}, driver {} {}, subgroup {}..{}{arithmetic})",
             a.name,
             a.device_type,
             a.backend,

@@ -356,6 +356,10 @@ fn specialise(key: PipelineKey, rows: usize, wg: usize, items: usize, x_mode: u3
 /// points keep 1.) `STRATA_MATVEC_KSPLIT` (1, 2, 4 or 8) overrides it for every dense weight, for
 /// tuning only: it changes the bits of the rows it touches.
 fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
+    // The limb arithmetic folds a row's tasks in order within one subgroup.
+    if ctx.pipelines.limb() && super::layout::split_d(w.ty).is_some() {
+        return 1;
+    }
     static KSPLIT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let tuned = *KSPLIT.get_or_init(|| {
         std::env::var("STRATA_MATVEC_KSPLIT")

@@ -36,15 +36,22 @@ impl PipelineKey {
 
 pub struct PipelineCache {
     device: wgpu::Device,
+    /// Limb arithmetic (docs/tensor-cores.md): every pipeline of a shader that declares the
+    /// `LIMB` override gets it set.
+    limb: bool,
     modules: Mutex<HashMap<String, wgpu::ShaderModule>>,
+    /// Shaders that declare `override LIMB`.
+    limb_shaders: Mutex<std::collections::HashSet<String>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
 
 impl PipelineCache {
-    pub fn new(device: wgpu::Device) -> Self {
+    pub fn new(device: wgpu::Device, limb: bool) -> Self {
         Self {
             device,
+            limb,
             modules: Mutex::new(HashMap::new()),
+            limb_shaders: Mutex::new(std::collections::HashSet::new()),
             pipelines: Mutex::new(HashMap::new()),
         }
     }
@@ -54,11 +61,14 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         let module = self.module(&key.shader)?;
-        let constants: Vec<(&str, f64)> = key
+        let mut constants: Vec<(&str, f64)> = key
             .constants
             .iter()
             .map(|(n, bits)| (*n, f64::from_bits(*bits)))
             .collect();
+        if self.limb && lock(&self.limb_shaders).contains(&key.shader) {
+            constants.push(("LIMB", 1.0));
+        }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let pipeline = self
             .device
@@ -89,6 +99,9 @@ impl PipelineCache {
             return Ok(m.clone());
         }
         let source = shaders::assemble(shader)?;
+        if source.contains("override LIMB") {
+            lock(&self.limb_shaders).insert(shader.to_string());
+        }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader),
@@ -108,6 +121,11 @@ impl PipelineCache {
         }
         lock(&self.modules).insert(shader.to_string(), module.clone());
         Ok(module)
+    }
+
+    /// Whether this cache's pipelines use the limb arithmetic.
+    pub fn limb(&self) -> bool {
+        self.limb
     }
 }
 

@@ -146,10 +146,27 @@ pub fn rebuilt_q6_k() -> strata::gguf::Gguf {
 /// The GPU adapter for a test (`STRATA_ADAPTER` picks one), printed. Without one the test is
 /// skipped with a message, except under `CI`, where a missing adapter is a failure.
 pub fn gpu_context() -> Option<Arc<strata::gpu::GpuContext>> {
-    let adapter = std::env::var("STRATA_ADAPTER")
+    context_or_skip(strata::gpu::GpuContext::new(adapter_index()))
+}
+
+/// [`gpu_context`] with the limb arithmetic (docs/tensor-cores.md) whatever `STRATA_ARITH` says.
+pub fn gpu_context_limb() -> Option<Arc<strata::gpu::GpuContext>> {
+    context_or_skip(strata::gpu::GpuContext::with_arithmetic(
+        adapter_index(),
+        true,
+    ))
+}
+
+fn adapter_index() -> Option<usize> {
+    std::env::var("STRATA_ADAPTER")
         .ok()
-        .and_then(|s| s.parse().ok());
-    match strata::gpu::GpuContext::new(adapter) {
+        .and_then(|s| s.parse().ok())
+}
+
+fn context_or_skip(
+    made: Result<Arc<strata::gpu::GpuContext>, strata::gpu::GpuError>,
+) -> Option<Arc<strata::gpu::GpuContext>> {
+    match made {
         Ok(ctx) => {
             println!("adapter: {}", ctx.describe());
             Some(ctx)
