@@ -70,6 +70,7 @@ impl PipelineCache {
             constants.push(("LIMB", 1.0));
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let started = std::time::Instant::now();
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -89,6 +90,14 @@ impl PipelineCache {
                 message: err.to_string(),
             });
         }
+        // `RUST_LOG=strata=debug` lists every pipeline build with its time (a driver's compile
+        // time is part of a first feed's latency).
+        tracing::debug!(
+            shader = %key.shader,
+            entry = key.entry,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "pipeline built"
+        );
         let pipeline = Arc::new(pipeline);
         lock(&self.pipelines).insert(key.clone(), pipeline.clone());
         Ok(pipeline)
