@@ -35,31 +35,44 @@ fn main() {
         return;
     };
     probe.exactness();
-    probe.tile_bits(64, 32, 2560);
-    probe.tile_bits(48, 16, 640);
-    probe.throughput(10240, 512, 2560);
-    probe.tile32_bits(64, 64, 2560);
-    probe.tile32_bits(96, 32, 640);
-    probe.tile32_bits(32, 32, 2592);
-    probe.throughput32(10240, 512, 2560);
-    probe.throughput32(1280, 64, 2560);
-    probe.form_bits("tile8", "reference8", (32, 64), 4, (64, 128, 2560));
-    probe.form_bits("tile8", "reference8", (32, 64), 4, (96, 64, 2592));
-    probe.form_throughput("tile8", (32, 64), (10240, 512, 2560));
-    probe.form_throughput("tile8", (32, 64), (1280, 64, 2560));
-    probe.form_throughput("tile8", (32, 64), (2560, 2048, 640));
-    probe.form_bits("tile1", "reference1", (64, 128), 1, (128, 128, 2560));
-    probe.form_bits("tile1", "reference1", (64, 128), 1, (64, 128, 2592));
-    probe.form_throughput("tile1", (64, 128), (10240, 512, 2560));
-    probe.form_throughput("tile1", (64, 128), (2560, 2048, 640));
-    probe.form_throughput("tile1_nos", (64, 128), (10240, 512, 2560));
-    probe.form_throughput("tile1_noe", (64, 128), (10240, 512, 2560));
-    probe.form_bits("tile1w", "reference1", (128, 128), 1, (128, 256, 2592));
-    probe.form_throughput("tile1w", (128, 128), (10240, 512, 2560));
-    probe.form_throughput("tile1w", (128, 128), (2560, 2048, 640));
-    // Diagnostics (meaningless outputs): the epilogue removed, then the dequant staging too.
-    probe.form_throughput("tile8_noepi", (32, 64), (10240, 512, 2560));
-    probe.form_throughput("tile8_bare", (32, 64), (10240, 512, 2560));
+    let tile = Form::new("tile", "reference", (16, 16), 1, false);
+    let mma_only = Form::new("mma_only", "", (16, 16), 1, false);
+    let tile32 = Form::new("tile32", "reference16", (32, 32), 2, true);
+    let tile8 = Form::new("tile8", "reference8", (32, 64), 4, true);
+    let tile1 = Form::new("tile1", "reference1", (64, 128), 1, true);
+    let tile1w = Form::new("tile1w", "reference1", (128, 128), 1, true);
+    let big = (10240, 512, 2560);
+    let short = (2560, 2048, 640);
+    let expert = (1280, 64, 2560);
+    probe.form_bits(&tile, (64, 32, 2560));
+    probe.form_bits(&tile, (48, 16, 640));
+    probe.form_throughput(&mma_only, big);
+    probe.form_throughput(&tile, big);
+    for shape in [(64, 64, 2560), (96, 32, 640), (32, 32, 2592)] {
+        probe.form_bits(&tile32, shape);
+    }
+    probe.form_throughput(&tile32, big);
+    probe.form_throughput(&tile32, expert);
+    probe.form_bits(&tile8, (64, 128, 2560));
+    probe.form_bits(&tile8, (96, 64, 2592));
+    for shape in [big, expert, short] {
+        probe.form_throughput(&tile8, shape);
+    }
+    probe.form_bits(&tile1, (128, 128, 2560));
+    probe.form_bits(&tile1, (64, 128, 2592));
+    probe.form_throughput(&tile1, big);
+    probe.form_throughput(&tile1, short);
+    // Diagnostics (meaningless outputs): tile1 without its scale loads, without its epilogue;
+    // tile8 without its epilogue, then without the dequant staging too.
+    for kernel in ["tile1_nos", "tile1_noe"] {
+        probe.form_throughput(&Form { kernel, ..tile1 }, big);
+    }
+    probe.form_bits(&tile1w, (128, 256, 2592));
+    probe.form_throughput(&tile1w, big);
+    probe.form_throughput(&tile1w, short);
+    for kernel in ["tile8_noepi", "tile8_bare"] {
+        probe.form_throughput(&Form { kernel, ..tile8 }, big);
+    }
 }
 
 impl Probe {
@@ -315,42 +328,6 @@ impl Probe {
         );
     }
 
-    fn tile_bits(&self, rows: usize, toks: usize, k: usize) {
-        let data = Data::random(self, rows, toks, k, 5, false);
-        let ya = self.out_buffer(rows * toks);
-        let yb = self.out_buffer(rows * toks);
-        self.run(
-            "tile",
-            &self.bind(&data, &ya),
-            ((rows / 16) as u32, (toks / 16) as u32),
-            1,
-        );
-        self.run(
-            "reference",
-            &self.bind(&data, &yb),
-            (rows as u32, toks as u32),
-            1,
-        );
-        let a = self.read(&ya, rows * toks);
-        let b = self.read(&yb, rows * toks);
-        let differ = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        let max = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        let finite = a.iter().all(|v| v.is_finite()) && b.iter().any(|v| *v != 0.0);
-        println!(
-            "tile vs decode form, {rows} rows x {toks} tokens x {k}: {differ} of {} outputs differ \
-             in bits (max abs diff {max:e}; finite and nonzero: {finite})",
-            rows * toks
-        );
-    }
-
     fn compare(&self, what: &str, a: &[f32], b: &[f32]) {
         let differ = a
             .iter()
@@ -370,26 +347,35 @@ impl Probe {
         );
     }
 
-    fn tile32_bits(&self, rows: usize, toks: usize, k: usize) {
-        let data = Data::random(self, rows, toks, k, 3, true);
+    /// `form`'s tile kernel against its decode form on the same data; for the one-scale forms
+    /// also against f64 on the unsplit x (the limbs' accuracy).
+    fn form_bits(&self, form: &Form, shape: (usize, usize, usize)) {
+        let (rows, toks, k) = shape;
+        let seed = if form.per_block { 3 } else { 5 };
+        let data = Data::random(self, rows, toks, k, seed, form.per_block);
         let ya = self.out_buffer(rows * toks);
         let yb = self.out_buffer(rows * toks);
-        let groups = ((rows / 32) as u32, (toks / 32) as u32);
-        self.run("tile32", &self.bind(&data, &ya), groups, 1);
         self.run(
-            "reference16",
-            &self.bind(&data, &yb),
-            ((rows / 2) as u32, toks as u32),
+            form.kernel,
+            &self.bind(&data, &ya),
+            form.groups(rows, toks),
             1,
         );
+        let rgroups = ((rows / form.per_wg) as u32, toks as u32);
+        self.run(form.reference, &self.bind(&data, &yb), rgroups, 1);
         let a = self.read(&ya, rows * toks);
         let b = self.read(&yb, rows * toks);
         self.compare(
-            &format!("tile32 vs its decode form, {rows} rows x {toks} tokens x {k}"),
+            &format!(
+                "{} vs {}, {rows} rows x {toks} tokens x {k}",
+                form.kernel, form.reference
+            ),
             &a,
             &b,
         );
-        // Against f64 on the host from the unsplit x: the limbs' accuracy.
+        if !form.per_block {
+            return;
+        }
         let mut worst = 0f64;
         let mut scale = 0f64;
         for t in 0..toks {
@@ -409,76 +395,54 @@ impl Probe {
         );
     }
 
-    /// A tile kernel of the second arithmetic (`tile`: rows x tokens per workgroup) against its
-    /// decode form (`per_wg` rows per workgroup of 32, one token).
-    fn form_bits(
-        &self,
-        kernel: &str,
-        reference: &str,
+    fn form_throughput(&self, form: &Form, shape: (usize, usize, usize)) {
+        let (rows, toks, k) = shape;
+        let data = Data::random(self, rows, toks, k, 9, form.per_block);
+        let y = self.out_buffer(rows * toks);
+        let bind = self.bind(&data, &y);
+        let macs = (rows * toks * k) as f64;
+        let secs = self.time(form.kernel, &bind, form.groups(rows, toks));
+        println!(
+            "{}: {rows} x {toks} x {k}: {:.3} ms, {:.1} TFLOP/s of real products",
+            form.kernel,
+            secs * 1e3,
+            2.0 * macs / secs / 1e12
+        );
+    }
+}
+
+/// A tile kernel of the probe, its decode form and how both are dispatched.
+struct Form {
+    kernel: &'static str,
+    reference: &'static str,
+    /// Rows x tokens per workgroup of `kernel`.
+    tile: (usize, usize),
+    /// Rows per workgroup of `reference` (one token each).
+    per_wg: usize,
+    /// x limbs per 32-value block with one scale per task (the second data set), else per
+    /// 16-value segment with two.
+    per_block: bool,
+}
+
+impl Form {
+    const fn new(
+        kernel: &'static str,
+        reference: &'static str,
         tile: (usize, usize),
         per_wg: usize,
-        shape: (usize, usize, usize),
-    ) {
-        let (rows, toks, k) = shape;
-        let data = Data::random(self, rows, toks, k, 3, true);
-        let ya = self.out_buffer(rows * toks);
-        let yb = self.out_buffer(rows * toks);
-        let groups = ((rows / tile.0) as u32, (toks / tile.1) as u32);
-        self.run(kernel, &self.bind(&data, &ya), groups, 1);
-        let rgroups = ((rows / per_wg) as u32, toks as u32);
-        self.run(reference, &self.bind(&data, &yb), rgroups, 1);
-        let a = self.read(&ya, rows * toks);
-        let b = self.read(&yb, rows * toks);
-        self.compare(
-            &format!("{kernel} vs {reference}, {rows} rows x {toks} tokens x {k}"),
-            &a,
-            &b,
-        );
-    }
-
-    fn form_throughput(&self, kernel: &str, tile: (usize, usize), shape: (usize, usize, usize)) {
-        let (rows, toks, k) = shape;
-        let data = Data::random(self, rows, toks, k, 9, true);
-        let y = self.out_buffer(rows * toks);
-        let bind = self.bind(&data, &y);
-        let groups = ((rows / tile.0) as u32, (toks / tile.1) as u32);
-        let macs = (rows * toks * k) as f64;
-        let secs = self.time(kernel, &bind, groups);
-        println!(
-            "{kernel}: {rows} x {toks} x {k}: {:.3} ms, {:.1} TFLOP/s of real products",
-            secs * 1e3,
-            2.0 * macs / secs / 1e12
-        );
-    }
-
-    fn throughput32(&self, rows: usize, toks: usize, k: usize) {
-        let data = Data::random(self, rows, toks, k, 9, true);
-        let y = self.out_buffer(rows * toks);
-        let bind = self.bind(&data, &y);
-        let groups = ((rows / 32) as u32, (toks / 32) as u32);
-        let macs = (rows * toks * k) as f64;
-        let secs = self.time("tile32", &bind, groups);
-        println!(
-            "tile32: {rows} x {toks} x {k}: {:.3} ms, {:.1} TFLOP/s of real products",
-            secs * 1e3,
-            2.0 * macs / secs / 1e12
-        );
-    }
-
-    fn throughput(&self, rows: usize, toks: usize, k: usize) {
-        let data = Data::random(self, rows, toks, k, 9, false);
-        let y = self.out_buffer(rows * toks);
-        let bind = self.bind(&data, &y);
-        let groups = ((rows / 16) as u32, (toks / 16) as u32);
-        let macs = (rows * toks * k) as f64;
-        for entry in ["mma_only", "tile"] {
-            let secs = self.time(entry, &bind, groups);
-            println!(
-                "{entry}: {rows} x {toks} x {k}: {:.3} ms, {:.1} TFLOP/s of real products",
-                secs * 1e3,
-                2.0 * macs / secs / 1e12
-            );
+        per_block: bool,
+    ) -> Self {
+        Self {
+            kernel,
+            reference,
+            tile,
+            per_wg,
+            per_block,
         }
+    }
+
+    fn groups(&self, rows: usize, toks: usize) -> (u32, u32) {
+        ((rows / self.tile.0) as u32, (toks / self.tile.1) as u32)
     }
 }
 
