@@ -1,17 +1,21 @@
-//! The step-level scheduler on the built-in demo model (CPU backend): a request's tokens and
-//! log-probabilities are the same bits whether it runs alone or interleaved with others, and the
-//! reported log-probabilities are the log-softmax of the model's raw logits.
+//! The step-level scheduler on the built-in demo model (CPU backend, and the GPU, where the
+//! requests of a round share one batched pass): a request's tokens and log-probabilities are the
+//! same bits whether it runs alone or interleaved with others, and the reported
+//! log-probabilities are the log-softmax of the model's raw logits.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::Duration;
 
+mod common;
+
 use strata::cli::load::{BackendChoice, load_backend, open_gguf};
 use strata::engine::Backend;
 use strata::engine::generate::{GenOutput, GenerateRequest};
 use strata::engine::generation::GenerationOptions;
 use strata::engine::scheduler::{Scheduler, SchedulerConfig, SchedulerStats, Submission};
+use strata::gpu::backend::GpuBackend;
 use strata::sampler::SamplingParams;
 use strata::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -64,8 +68,10 @@ fn run(
         scheduler
             .submit(Submission {
                 request: r.clone(),
+                // Half the requests without log-probabilities: their decode steps ask the backend
+                // for sampling candidates only.
                 options: GenerationOptions {
-                    logprobs: Some(3),
+                    logprobs: (r.sampling.seed.unwrap_or(0) % 2 == 0).then_some(3),
                     constraint: None,
                 },
                 decoder: Box::new(StreamDecoder::new(tokenizer)),
@@ -93,10 +99,32 @@ fn run(
 #[test]
 fn a_request_gives_the_same_bits_alone_and_among_seven_others() {
     let (backend, tokenizer) = demo();
-    let requests: Vec<GenerateRequest> = (0..8).map(|i| request(&tokenizer, i)).collect();
-    let together = run(&backend, &tokenizer, 8, &requests);
+    alone_and_among_seven_others(&backend, &tokenizer);
+}
+
+/// The same on the GPU, where the requests of a round share batched passes.
+#[test]
+fn a_request_gives_the_same_bits_alone_and_batched_with_seven_others_on_the_gpu() {
+    let Some(ctx) = common::gpu_context() else {
+        return;
+    };
+    let gguf = open_gguf(None).expect("demo model");
+    let tokenizer = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let gpu = Arc::new(GpuBackend::load(ctx, gguf, 1024).expect("GPU backend"));
+    let backend: Arc<dyn Backend> = gpu.clone();
+    alone_and_among_seven_others(&backend, &tokenizer);
+    let (passes, steps) = gpu.batched_passes();
+    println!("{passes} batched passes carried {steps} steps");
+    // Eight requests of 12 to 15 tokens decode side by side for at least 11 rounds.
+    assert!(passes >= 11, "{passes} batched passes");
+    assert!(steps >= 8 * 11, "{steps} steps in batched passes");
+}
+
+fn alone_and_among_seven_others(backend: &Arc<dyn Backend>, tokenizer: &Tokenizer) {
+    let requests: Vec<GenerateRequest> = (0..8).map(|i| request(tokenizer, i)).collect();
+    let together = run(backend, tokenizer, 8, &requests);
     for (i, r) in requests.iter().enumerate() {
-        let alone = run(&backend, &tokenizer, 1, std::slice::from_ref(r));
+        let alone = run(backend, tokenizer, 1, std::slice::from_ref(r));
         assert_eq!(alone[0].tokens, together[i].tokens, "request {i} tokens");
         assert_eq!(alone[0].text, together[i].text, "request {i} text");
         // Bit-identical logits give bit-identical log-probabilities.
@@ -117,7 +145,8 @@ fn a_request_gives_the_same_bits_alone_and_among_seven_others() {
 #[test]
 fn logprobs_are_the_log_softmax_of_the_raw_logits() {
     let (backend, tokenizer) = demo();
-    let r = request(&tokenizer, 3);
+    // An even seed: `run` asks for log-probabilities.
+    let r = request(&tokenizer, 4);
     let output = run(&backend, &tokenizer, 2, std::slice::from_ref(&r)).remove(0);
     assert_eq!(output.logprobs.len(), output.tokens.len());
     let mut sequence = backend.clone().new_sequence().expect("sequence");

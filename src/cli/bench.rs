@@ -28,6 +28,8 @@ use crate::gpu::buffers::{GpuBuf, GpuWeight};
 use crate::gpu::kernels::{self, Recorder, View};
 use crate::gpu::pipelines::PipelineKey;
 
+mod parallel;
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// GGUF model to benchmark (default: the built-in tiny model).
@@ -75,6 +77,11 @@ pub struct Args {
     /// per-dispatch timestamps add their own overhead. 16 tokens per kernel.
     #[arg(long, default_value_t = 0)]
     pub ablate: usize,
+    /// Also time decode of N sequences advanced together (comma-separated counts, e.g. `1,2,4,8`):
+    /// one `--decode` run per count from copies of the decode prompt; on the GPU each step is one
+    /// batched pass. Reports the aggregate tok/s.
+    #[arg(long, default_value = "")]
+    pub parallel: String,
     /// Write the JSON report here as well as printing it.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -665,6 +672,7 @@ fn bench_model(
                 .with_context(|| format!("bad prefill length {s:?}"))
         })
         .collect::<anyhow::Result<_>>()?;
+    let parallel_counts = parallel::counts(&args.parallel)?;
     let longest = lengths.iter().copied().max().unwrap_or(1);
     let shortest = lengths.iter().copied().min().unwrap_or(1).max(1);
     let gguf = match synthetic {
@@ -746,6 +754,17 @@ fn bench_model(
     let median = per_token.get(per_token.len() / 2).copied().unwrap_or(0.0);
     drop(seq);
     let sampled = sampled_decode(&base, &tokens, shortest)?;
+    let decode_parallel = if parallel_counts.is_empty() {
+        serde_json::Value::Null
+    } else {
+        parallel::decode(
+            &backend,
+            &base,
+            &tokens[shortest..],
+            &parallel_counts,
+            args.decode.max(2),
+        )?
+    };
     let achieved = bytes_per_token.map(|b| b as f64 * decode_tps / 1e9);
     let kernels = match &gpu_backend {
         Some(_) => Some(profile_feed(
@@ -881,6 +900,7 @@ fn bench_model(
         "decode_median_ms_per_token": median * 1e3,
         "decode_sampled_top_tokens_per_second": sampled.0,
         "decode_sampled_row_tokens_per_second": sampled.1,
+        "decode_parallel": decode_parallel,
         "weight_bytes_per_decoded_token": bytes_per_token,
         "achieved_gbps": achieved,
         "streaming_read_gbps": read_gbps,

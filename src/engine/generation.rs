@@ -183,6 +183,11 @@ impl<D: TokenDecoder> Generation<D> {
         }
     }
 
+    /// Whether [`Self::feed_item`] has a sequence to feed.
+    pub fn can_feed(&self) -> bool {
+        self.sequence.is_some()
+    }
+
     /// Feed the pending tokens directly (no batching).
     pub fn feed_alone(&mut self) -> Result<Fed, EngineError> {
         match self.feed_item() {

@@ -105,4 +105,9 @@ pub trait Sequence: Send {
     /// Bytes of memory this sequence holds (VRAM for a GPU sequence, host RAM for a CPU one):
     /// what keeping it in the prompt cache costs.
     fn state_bytes(&self) -> usize;
+    /// The sequence itself, for a backend whose [`Backend::feed_many`] batches its own kind of
+    /// sequence into one pass (`None`: fed one at a time).
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }

@@ -238,11 +238,17 @@ impl EngineLoop {
         for a in &mut self.active {
             let cancelled = a.cancel.load(Ordering::Relaxed);
             match a.generation.advance(cancelled, cache, &mut *a.on_event) {
+                Ok(Next::Feed) if !a.generation.can_feed() => {
+                    let e =
+                        super::EngineError::Other("a generation to feed has no sequence".into());
+                    a.result = Some(Err(e.into()));
+                }
                 Ok(Next::Feed) => {}
                 Ok(Next::Finished(output)) => a.result = Some(Ok(output)),
                 Err(e) => a.result = Some(Err(e)),
             }
         }
+        // Results come back in batch order: every generation left hands over an item.
         let mut feeding: Vec<&mut Active> = self
             .active
             .iter_mut()

@@ -63,6 +63,12 @@ impl Recorder {
         self.cache.take().unwrap_or_default()
     }
 
+    /// Record the next dispatches with `cache` (the one held so far is returned).
+    #[allow(clippy::mutable_key_type)]
+    pub fn swap_cache(&mut self, cache: BindGroupCache) -> BindGroupCache {
+        self.cache.replace(cache).unwrap_or_default()
+    }
+
     pub fn len(&self) -> usize {
         self.dispatches.len()
     }

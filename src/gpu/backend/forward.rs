@@ -4,7 +4,7 @@ use super::*;
 
 /// Dispatches recorded before a streaming forward hands them to the GPU: the first submission
 /// comes after a few layers, so the host's recording of the rest overlaps the GPU's work.
-const STREAM_DISPATCHES: usize = 64;
+pub(super) const STREAM_DISPATCHES: usize = 64;
 
 /// What a chunk's feed reads back ([`GpuSequence::feed_chunk`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,18 @@ impl GpuSequence {
         };
         self.record_layer_to_router(rec, index, t, pos0)
             .map_err(gpu_err)?;
+        self.record_moe(rec, layer, index, t)
+    }
+
+    /// Layer `index`'s routed experts (from the router's choices) and the MoE block's finish.
+    pub(super) fn record_moe(
+        &self,
+        rec: &mut Recorder,
+        layer: &LayerGpu,
+        index: usize,
+        t: usize,
+    ) -> Result<(), EngineError> {
+        let b = &self.backend;
         match (&layer.moe.experts, &b.tier) {
             (Some(e), _) if t >= GROUPED_MIN_TOKENS => self
                 .moe_experts_grouped(rec, e, index, t)

@@ -11,7 +11,68 @@ impl GpuSequence {
         state: &LayerState,
         t: usize,
     ) -> Result<(), GpuError> {
-        let LayerState::Gdn { conv, ssm } = state else {
+        let LayerState::Gdn { conv, .. } = state else {
+            return Err(GpuError::BadArgs("GDN layer with attention state".into()));
+        };
+        let b = &self.backend;
+        let s = &self.scratch;
+        let g = &b.config.gdn;
+        let ch = g.conv_channels();
+        // One token of a 4-tap conv: the conv runs in the input projection's store (the same
+        // expression as gdn_conv's, so the same bits), one dispatch fewer.
+        let mut conv_done = false;
+        if t == 1 && g.conv_kernel == 4 && w.input.rows(0) == ch {
+            let h = b.config.n_embd;
+            let outs = [
+                View::new(&s.conv_out, 0, ch),
+                View::new(&s.z, 0, g.value_dim()),
+                View::new(&s.beta_alpha, 0, 2 * g.n_v_heads),
+            ];
+            let store = ConvStore {
+                history: conv,
+                weight: &w.conv,
+            };
+            let x = View::new(&s.x_in, 0, h);
+            conv_done = w.input.record_conv(&b.ctx, rec, x, &outs, store)?.is_some();
+        }
+        if !conv_done {
+            self.gdn_project(rec, w, t)?;
+        }
+        self.gdn_core(rec, w, state, t, !conv_done)?;
+        self.gdn_out(rec, w, t)
+    }
+
+    /// The input projection of `t` tokens: `mixed`, `z` and `beta_alpha` of the scratch.
+    pub(super) fn gdn_project(
+        &self,
+        rec: &mut Recorder,
+        w: &GdnGpu,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let s = &self.scratch;
+        let g = &b.config.gdn;
+        let x = View::new(&s.x_in, 0, b.config.n_embd);
+        let outs = [
+            View::new(&s.mixed, 0, g.conv_channels()),
+            View::new(&s.z, 0, g.value_dim()),
+            View::new(&s.beta_alpha, 0, 2 * g.n_v_heads),
+        ];
+        w.input.record(&b.ctx, rec, x, &outs, t)
+    }
+
+    /// What depends on this sequence's state: the conv (when `conv`; else `conv_out` is already
+    /// there), the recurrence and the gated norm, from the scratch's projections of `t` tokens
+    /// into its `gdn_normed`.
+    pub(super) fn gdn_core(
+        &self,
+        rec: &mut Recorder,
+        w: &GdnGpu,
+        state: &LayerState,
+        t: usize,
+        conv: bool,
+    ) -> Result<(), GpuError> {
+        let LayerState::Gdn { conv: history, ssm } = state else {
             return Err(GpuError::BadArgs("GDN layer with attention state".into()));
         };
         let b = &self.backend;
@@ -19,38 +80,17 @@ impl GpuSequence {
         let s = &self.scratch;
         let cfg = &b.config;
         let g = &cfg.gdn;
-        let h = cfg.n_embd;
-        let ch = g.conv_channels();
         let nv = g.n_v_heads;
-        let x = View::new(&s.x_in, 0, h);
-        let mut outs = [
-            View::new(&s.mixed, 0, ch),
-            View::new(&s.z, 0, g.value_dim()),
-            View::new(&s.beta_alpha, 0, 2 * nv),
-        ];
         let shape = GdnShape {
-            channels: ch,
+            channels: g.conv_channels(),
             kernel: g.conv_kernel,
             n_k_heads: g.n_k_heads,
             n_v_heads: nv,
             dk: g.head_k_dim,
             dv: g.head_v_dim,
         };
-        // One token of a 4-tap conv: the conv runs in the input projection's store (the same
-        // expression as gdn_conv's, so the same bits), one dispatch fewer.
-        let mut conv_done = false;
-        if t == 1 && g.conv_kernel == 4 && w.input.rows(0) == ch {
-            outs[0] = View::new(&s.conv_out, 0, ch);
-            let store = ConvStore {
-                history: conv,
-                weight: &w.conv,
-            };
-            conv_done = w.input.record_conv(c, rec, x, &outs, store)?.is_some();
-            outs[0] = View::new(&s.mixed, 0, ch);
-        }
-        if !conv_done {
-            w.input.record(c, rec, x, &outs, t)?;
-            ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, conv, &s.conv_out, t)?;
+        if conv {
+            ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, history, &s.conv_out, t)?;
         }
         let inputs = ops::GdnInputs {
             qkv: &s.conv_out,
@@ -81,7 +121,13 @@ impl GpuSequence {
                 t,
             )?;
         }
-        let x = View::new(&s.gdn_normed, 0, g.value_dim());
+        Ok(())
+    }
+
+    /// The output projection of `t` tokens' `gdn_normed`, added into the wide residual.
+    pub(super) fn gdn_out(&self, rec: &mut Recorder, w: &GdnGpu, t: usize) -> Result<(), GpuError> {
+        let s = &self.scratch;
+        let x = View::new(&s.gdn_normed, 0, self.backend.config.gdn.value_dim());
         self.out_and_combine(rec, &w.out, x, t)
     }
 

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use crate::engine::{Backend, EngineError, ModelInfo, Sequence};
+use crate::engine::{Backend, EngineError, Fed, FeedItem, ModelInfo, Sequence};
 use crate::gguf::Gguf;
 use crate::model::config::Config;
 use crate::model::ops::{first_non_finite, rope_cos_sin, rope_inv_freqs};
@@ -207,12 +207,20 @@ pub struct GpuBackend {
     ple_reader: Option<PleRowReader>,
     /// The chunk buffers every sequence shares (see `shared_scratch`), made on first use.
     scratch: std::sync::Mutex<Option<Arc<Scratch>>>,
+    /// The token-wise buffers of batched feeds (see `batch`), made on first use.
+    batch_scratch: std::sync::Mutex<Option<Arc<Scratch>>>,
+    /// Bind groups of batched feeds, kept between them.
+    batch_binds: std::sync::Mutex<BindGroupCache>,
+    /// Batched passes run, and the sequence steps they carried.
+    batched: [std::sync::atomic::AtomicUsize; 2],
     /// Held by a sequence's feed from its first dispatch to its readback: the shared chunk
     /// buffers serve one feed at a time.
     feed_lock: std::sync::Mutex<()>,
     _gguf: Arc<Gguf>,
 }
 
+mod batch;
+pub use batch::BATCH_TOKENS;
 mod forward;
 mod gdn;
 mod hc;
@@ -280,6 +288,13 @@ impl GpuBackend {
             (None, Some(p)) => Some(p.observed_profile()),
             (None, None) => None,
         }
+    }
+
+    /// Batched passes run since load, and the sequence steps they carried together
+    /// ([`Backend::feed_many`] with two or more sequences sharing a pass).
+    pub fn batched_passes(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.batched[0].load(Relaxed), self.batched[1].load(Relaxed))
     }
 
     /// Bytes of weights in VRAM (excluding the host-side PLE table).
@@ -378,6 +393,10 @@ impl Backend for GpuBackend {
     fn new_sequence(self: Arc<Self>) -> Result<Box<dyn Sequence>, EngineError> {
         Ok(Box::new(GpuSequence::new(self).map_err(gpu_err)?))
     }
+
+    fn feed_many(&self, batch: &mut [FeedItem<'_>]) -> Vec<Result<Fed, EngineError>> {
+        self.feed_batched(batch)
+    }
 }
 
 /// Per-layer recurrent state and caches.
@@ -417,6 +436,9 @@ struct Scratch {
     key_stage: GpuBuf,
     value_stage: GpuBuf,
     index_query: GpuBuf,
+    /// A batch's raw index keys before they are copied into each sequence's cache (1 element
+    /// outside a batch scratch).
+    index_key_stage: GpuBuf,
     selected: GpuBuf,
     scores: GpuBuf,
     attended: GpuBuf,

@@ -10,6 +10,13 @@ impl GpuSequence {
         t: usize,
         pos0: usize,
     ) -> Result<(), GpuError> {
+        self.ple_mix(rec, w, t)?;
+        self.ple_conv(rec, w, t, pos0)
+    }
+
+    /// The PLE block of `t` tokens up to its conv: projections, norms and the gate, from the
+    /// scratch's `ple_embedding` and wide residual into its `ple_gated` and `ple_conv_in`.
+    pub(super) fn ple_mix(&self, rec: &mut Recorder, w: &PleGpu, t: usize) -> Result<(), GpuError> {
         let b = &self.backend;
         let c = &*b.ctx;
         let s = &self.scratch;
@@ -83,9 +90,32 @@ impl GpuSequence {
             &s.ple_conv_in,
             groups,
             t,
-        )?;
+        )
+    }
+
+    /// The PLE conv over this sequence's history (from the scratch's `ple_conv_in` and
+    /// `ple_gated`, into its wide residual).
+    pub(super) fn ple_conv(
+        &self,
+        rec: &mut Recorder,
+        w: &PleGpu,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let s = &self.scratch;
+        let cfg = &b.config;
+        let Some(pc) = &cfg.ple else {
+            return Err(GpuError::BadArgs("PLE weights without PLE config".into()));
+        };
+        let shape = PleShape {
+            h: cfg.n_embd,
+            hc: cfg.hc_count,
+            kernel: pc.conv_kernel,
+            dilation: pc.conv_dilation(),
+        };
         ops::ple_conv(
-            c,
+            &b.ctx,
             rec,
             &shape,
             &s.ple_conv_in,
@@ -98,8 +128,20 @@ impl GpuSequence {
         )
     }
 
-    /// Host side of PLE: hash the n-gram rows of each chunk token and dequantize them.
+    /// Host side of PLE: hash the n-gram rows of each chunk token and dequantize them into the
+    /// scratch's `ple_embedding`.
     pub(super) fn upload_ple_rows(&self, pos0: usize, t: usize) -> Result<(), EngineError> {
+        self.upload_ple_rows_to(&self.scratch, 0, pos0, t)
+    }
+
+    /// [`Self::upload_ple_rows`] into `dst`'s `ple_embedding` from token `tok0` on.
+    pub(super) fn upload_ple_rows_to(
+        &self,
+        dst: &Scratch,
+        tok0: usize,
+        pos0: usize,
+        t: usize,
+    ) -> Result<(), EngineError> {
         let b = &self.backend;
         let Some(pc) = &b.config.ple else {
             return Ok(());
@@ -140,10 +182,9 @@ impl GpuSequence {
                     position: pos0 + bad / dim,
                 });
             }
-            return self
-                .scratch
+            return dst
                 .ple_embedding
-                .write_f32(&b.ctx, 0, &rows)
+                .write_f32(&b.ctx, tok0 * dim, &rows)
                 .map_err(gpu_err);
         }
         let mut rows = vec![0.0f32; t * dim];
@@ -165,9 +206,8 @@ impl GpuSequence {
                 position: pos0 + bad / dim,
             });
         }
-        self.scratch
-            .ple_embedding
-            .write_f32(&b.ctx, 0, &rows)
+        dst.ple_embedding
+            .write_f32(&b.ctx, tok0 * dim, &rows)
             .map_err(gpu_err)
     }
 }

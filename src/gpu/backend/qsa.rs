@@ -16,6 +16,84 @@ impl GpuSequence {
             keys,
             values,
             raw_index_keys,
+            ..
+        } = state
+        else {
+            return Err(GpuError::BadArgs("attention layer with GDN state".into()));
+        };
+        let s = &self.scratch;
+        let cfg = &self.backend.config;
+        let a = &cfg.attention;
+        let kv = a.n_head_kv * a.head_dim;
+        let idim = a.indexer_head_dim;
+        // Keys and values land in the f32 caches directly, the keys normed and rotated there;
+        // with `--kv f16` or `q8_0` in the chunk's stage buffers first, then rounded into the
+        // caches. Raw index keys land in their cache directly.
+        let targets = if cfg.kv != KvType::F32 {
+            [
+                View::new(&s.key_stage, 0, kv),
+                View::new(&s.value_stage, 0, kv),
+            ]
+        } else {
+            [
+                View::new(keys, pos0 * kv, kv),
+                View::new(values, pos0 * kv, kv),
+            ]
+        };
+        let index_keys = View::new(raw_index_keys, pos0 * idim, idim);
+        self.qsa_project(rec, w, targets, index_keys, t)?;
+        self.qsa_core(rec, w, state, t, pos0)?;
+        self.qsa_out(rec, w, t)
+    }
+
+    /// The projections of `t` tokens: query and gate into the scratch's `query_gate`, keys and
+    /// values into `kv`, the indexer's raw keys into `index_keys` and its queries into the
+    /// scratch's `index_query`.
+    pub(super) fn qsa_project(
+        &self,
+        rec: &mut Recorder,
+        w: &QsaGpu,
+        kv: [View; 2],
+        index_keys: View,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let c = &*b.ctx;
+        let s = &self.scratch;
+        let a = &b.config.attention;
+        let x = View::new(&s.x_in, 0, b.config.n_embd);
+        let [keys, values] = kv;
+        let outs = [
+            View::new(&s.query_gate, 0, a.n_head * 2 * a.head_dim),
+            keys,
+            values,
+        ];
+        w.qkv.record(c, rec, x, &outs, t)?;
+        if let Some(ix) = &w.indexer {
+            let outs = [
+                index_keys,
+                View::new(&s.index_query, 0, a.indexer_n_head * a.indexer_head_dim),
+            ];
+            ix.kq.record(c, rec, x, &outs, t)?;
+        }
+        Ok(())
+    }
+
+    /// Everything after the projections ([`Self::qsa_project`]): norms and rotations, the keys
+    /// and values into this sequence's caches, the indexer's blocks and selection, and attention
+    /// into the scratch's `attended`.
+    pub(super) fn qsa_core(
+        &self,
+        rec: &mut Recorder,
+        w: &QsaGpu,
+        state: &LayerState,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        let LayerState::Qsa {
+            keys,
+            values,
+            raw_index_keys,
             block_keys,
         } = state
         else {
@@ -26,27 +104,16 @@ impl GpuSequence {
         let s = &self.scratch;
         let cfg = &b.config;
         let a = &cfg.attention;
-        let h = cfg.n_embd;
         let hd = a.head_dim;
         let kv = a.n_head_kv * hd;
         let qg = a.n_head * 2 * hd;
         let half = a.rotary_dims / 2;
-        let x = View::new(&s.x_in, 0, h);
-        // Keys and values land in the f32 caches directly, the keys normed and rotated there;
-        // with `--kv f16` or `q8_0` in the chunk's stage buffers first, then rounded into the
-        // caches.
         let staged = cfg.kv != KvType::F32;
-        let (key_rows, value_rows, kv_off) = if staged {
-            (&s.key_stage, &s.value_stage, 0)
+        let (key_rows, kv_off) = if staged {
+            (&s.key_stage, 0)
         } else {
-            (keys, values, pos0 * kv)
+            (keys, pos0 * kv)
         };
-        let outs = [
-            View::new(&s.query_gate, 0, qg),
-            View::new(key_rows, kv_off, kv),
-            View::new(value_rows, kv_off, kv),
-        ];
-        w.qkv.record(c, rec, x, &outs, t)?;
         let q_heads = Groups {
             n: hd,
             groups: a.n_head,
@@ -105,12 +172,6 @@ impl GpuSequence {
             let nih = a.indexer_n_head;
             let ratio = ix.ratio;
             let budget = a.indexer_budget_tokens / ratio;
-            // Raw index keys land in their cache directly.
-            let outs = [
-                View::new(raw_index_keys, pos0 * idim, idim),
-                View::new(&s.index_query, 0, nih * idim),
-            ];
-            ix.kq.record(c, rec, x, &outs, t)?;
             let first = pos0 / ratio;
             let end = (pos0 + t) / ratio;
             if end > first {
@@ -150,7 +211,7 @@ impl GpuSequence {
             // of them: the same keys in the same order as dense attention (key j is position j),
             // so the same bits, without the index query's norm and the selection.
             if (pos0 + t) / ratio <= budget {
-                return self.attend_and_combine(rec, w, state, &params, t);
+                return self.attend(rec, state, &params);
             }
             ops::rmsnorm_rope(
                 c,
@@ -190,25 +251,21 @@ impl GpuSequence {
             params.budget = budget as u32;
             params.dense = 0;
         }
-        self.attend_and_combine(rec, w, state, &params, t)
+        self.attend(rec, state, &params)
     }
 
-    /// Attention over the keys `params` selects (all of them when dense), then the output
-    /// projection added into the wide residual.
-    fn attend_and_combine(
+    /// Attention over the keys `params` selects (all of them when dense).
+    fn attend(
         &self,
         rec: &mut Recorder,
-        w: &QsaGpu,
         state: &LayerState,
         params: &QsaParams,
-        t: usize,
     ) -> Result<(), GpuError> {
         let LayerState::Qsa { keys, values, .. } = state else {
             return Err(GpuError::BadArgs("attention layer with GDN state".into()));
         };
         let b = &self.backend;
         let s = &self.scratch;
-        let a = &b.config.attention;
         ops::qsa_attend(
             &b.ctx,
             rec,
@@ -220,8 +277,13 @@ impl GpuSequence {
             &s.attn_parts,
             &s.attended,
             b.config.kv,
-        )?;
-        let x = View::new(&s.attended, 0, a.n_head * a.head_dim);
+        )
+    }
+
+    /// The output projection of `t` tokens' attention, added into the wide residual.
+    pub(super) fn qsa_out(&self, rec: &mut Recorder, w: &QsaGpu, t: usize) -> Result<(), GpuError> {
+        let a = &self.backend.config.attention;
+        let x = View::new(&self.scratch.attended, 0, a.n_head * a.head_dim);
         self.out_and_combine(rec, &w.out, x, t)
     }
 }

@@ -162,7 +162,20 @@ impl GpuBackend {
         if let Some(s) = &*slot {
             return Ok(Arc::clone(s));
         }
-        let s = Arc::new(Scratch::new(self)?);
+        let s = Arc::new(Scratch::new(self, self.max_chunk, false)?);
+        *slot = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// The token-wise buffers of a batched forward ([`batch`](super::batch)), made on first use:
+    /// [`batch::BATCH_TOKENS`](super::batch::BATCH_TOKENS) columns, with stage buffers for the
+    /// keys, values and raw index keys, which a batch never writes into a cache directly.
+    pub(super) fn batch_scratch(&self) -> Result<Arc<Scratch>, GpuError> {
+        let mut slot = lock(&self.batch_scratch);
+        if let Some(s) = &*slot {
+            return Ok(Arc::clone(s));
+        }
+        let s = Arc::new(Scratch::new(self, batch::BATCH_TOKENS, true)?);
         *slot = Some(Arc::clone(&s));
         Ok(s)
     }
@@ -177,10 +190,10 @@ pub(super) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Scratch {
-    fn new(b: &GpuBackend) -> Result<Self, GpuError> {
+    /// Buffers for `t` tokens; `batch`: with the stage buffers a batched forward needs.
+    fn new(b: &GpuBackend, t: usize, batch: bool) -> Result<Self, GpuError> {
         let c = &*b.ctx;
         let cfg = &b.config;
-        let t = b.max_chunk;
         let h = cfg.n_embd;
         let hc = cfg.hc_count;
         let wide = h * hc;
@@ -202,8 +215,8 @@ impl Scratch {
         let ple_dim = cfg.ple.as_ref().map_or(32, |p| p.embed_dim());
         let qg = a.n_head * 2 * a.head_dim;
         let staged = match cfg.kv {
-            KvType::F32 => 1,
-            KvType::F16 | KvType::Q8_0 => t * a.n_head_kv * a.head_dim,
+            KvType::F32 if !batch => 1,
+            _ => t * a.n_head_kv * a.head_dim,
         };
         let k = m.n_expert_used;
         let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
@@ -227,6 +240,10 @@ impl Scratch {
             key_stage: z("key stage", staged)?,
             value_stage: z("value stage", staged)?,
             index_query: z("index query", t * a.indexer_n_head * a.indexer_head_dim)?,
+            index_key_stage: z(
+                "index key stage",
+                if batch { t * a.indexer_head_dim } else { 1 },
+            )?,
             selected: z("selected", t * (budget + 1))?,
             scores: z("scores", t * 2 * max_blocks)?,
             attended: z("attended", t * a.n_head * a.head_dim)?,

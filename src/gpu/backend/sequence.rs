@@ -172,6 +172,10 @@ impl Sequence for GpuSequence {
         self.state_bytes + self.tokens.len() * 4
     }
 
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
+
     fn fork(&self) -> Option<Box<dyn Sequence>> {
         if self.poisoned {
             return None;

@@ -1,0 +1,520 @@
+//! Several sequences in one forward pass ([`Backend::feed_many`](crate::engine::Backend)): the
+//! tokens of every member become the columns of one chunk, so each weight is read once for all
+//! of them. What is token-wise (embedding, projections, hyper-connections, norms, MoE, head)
+//! runs over the whole chunk in a batch scratch; what reads a sequence's own state (the GDN conv
+//! and recurrence, QSA caches and attention, the PLE conv) runs per member on the backend's chunk
+//! buffers, its columns copied there and back. Every kernel computes a column the same way
+//! whatever the chunk around it (the chunk-size invariance the backend keeps), and copies move
+//! bits, so a member's logits are those of the same tokens fed alone.
+//!
+//! Batched: members of this backend with every expert resident (tiered and pinned experts sync
+//! with the host per layer), outside the stage-check and profiling modes, up to [`BATCH_TOKENS`]
+//! tokens together. The other items of a call are fed one at a time.
+
+use super::*;
+use crate::engine::Fed;
+use crate::model::config::KvType;
+
+/// Tokens of one batched pass (every column's logits row is computed: see [`LOGIT_ROWS`]).
+pub const BATCH_TOKENS: usize = LOGIT_ROWS;
+
+/// One sequence's share of a batched pass.
+struct Member<'a> {
+    /// Index in the caller's batch.
+    item: usize,
+    seq: &'a mut GpuSequence,
+    tokens: &'a [u32],
+    top: usize,
+    /// Its first column in the batch scratch.
+    col: usize,
+    /// Its first token's absolute position.
+    pos0: usize,
+}
+
+impl GpuBackend {
+    /// [`Backend::feed_many`]: the members that can share a pass run together, the rest alone.
+    pub(super) fn feed_batched(&self, batch: &mut [FeedItem<'_>]) -> Vec<Result<Fed, EngineError>> {
+        let mut results: Vec<Option<Result<Fed, EngineError>>> =
+            batch.iter().map(|_| None).collect();
+        let batchable = self.tier.is_none() && self.pinned.is_none() && !self.check_stages;
+        let mut members = Vec::new();
+        let mut cols = 0;
+        let mut alone = Vec::new();
+        for (i, item) in batch.iter_mut().enumerate() {
+            let t = item.tokens.len();
+            let fits = batchable
+                && t > 0
+                && t <= self.max_chunk
+                && cols + t <= BATCH_TOKENS
+                && item.top <= topk::TOP_CANDIDATES;
+            let ours = |s: &GpuSequence| !s.profile && std::ptr::eq(Arc::as_ptr(&s.backend), self);
+            let joins = fits
+                && item
+                    .sequence
+                    .as_any_mut()
+                    .and_then(|s| s.downcast_ref::<GpuSequence>())
+                    .is_some_and(ours);
+            if !joins {
+                alone.push(item);
+                continue;
+            }
+            let Some(seq) = item
+                .sequence
+                .as_any_mut()
+                .and_then(|s| s.downcast_mut::<GpuSequence>())
+            else {
+                continue;
+            };
+            // What a feed alone checks first (it leaves the sequence as it was).
+            let pos0 = seq.tokens.len();
+            let ready = seq
+                .validate(item.tokens)
+                .and_then(|()| seq.reserve_kv(pos0 + t).map_err(gpu_err));
+            if let Err(e) = ready {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            members.push(Member {
+                item: i,
+                seq,
+                tokens: item.tokens,
+                top: item.top,
+                col: cols,
+                pos0,
+            });
+            cols += t;
+        }
+        match members.len() {
+            0 => {}
+            1 => {
+                // Nothing to share: the member's own feed (its chunk buffers, its fusions).
+                for m in members {
+                    let fed = if m.top > 0 {
+                        m.seq.feed_top(m.tokens, m.top).map(Fed::Top)
+                    } else {
+                        m.seq.feed(m.tokens, false).map(Fed::Row)
+                    };
+                    results[m.item] = Some(fed);
+                }
+            }
+            _ => {
+                for (item, fed) in self.run_batch(members) {
+                    results[item] = Some(fed);
+                }
+            }
+        }
+        let mut alone = alone.into_iter();
+        for (i, slot) in results.iter_mut().enumerate() {
+            if slot.is_none() {
+                *slot = Some(match alone.next() {
+                    Some(item) => item.feed(),
+                    None => Err(EngineError::Other(format!("batch item {i} was not fed"))),
+                });
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(EngineError::Other("batch item not fed".into()))))
+            .collect()
+    }
+
+    /// Run `members` as one pass; each member's result by its item index. A member whose PLE
+    /// rows fail their check gets that error alone; a failure of the pass itself fails (and
+    /// poisons) every member in it.
+    fn run_batch(&self, members: Vec<Member<'_>>) -> Vec<(usize, Result<Fed, EngineError>)> {
+        let mut out = Vec::new();
+        let bs = match self.batch_scratch() {
+            Ok(bs) => bs,
+            Err(e) => {
+                let message = e.to_string();
+                return members
+                    .into_iter()
+                    .map(|m| (m.item, Err(gpu_err(GpuError::BadArgs(message.clone())))))
+                    .collect();
+            }
+        };
+        // The chunk buffers and the batch scratch serve one feed at a time.
+        let _feeding = scratch::lock(&self.feed_lock);
+        let mut ready = Vec::new();
+        let mut cols = 0;
+        for mut m in members {
+            m.seq.tokens.extend_from_slice(m.tokens);
+            m.col = cols;
+            match m.seq.upload_ple_rows_to(&bs, cols, m.pos0, m.tokens.len()) {
+                Ok(()) => {
+                    cols += m.tokens.len();
+                    ready.push(m);
+                }
+                Err(e) => {
+                    m.seq.poisoned = true;
+                    out.push((m.item, Err(e)));
+                }
+            }
+        }
+        if ready.is_empty() {
+            return out;
+        }
+        match self.batch_pass(&bs, &mut ready, cols) {
+            Ok(rows) => {
+                use std::sync::atomic::Ordering::Relaxed;
+                self.batched[0].fetch_add(1, Relaxed);
+                self.batched[1].fetch_add(ready.len(), Relaxed);
+                out.extend(
+                    ready
+                        .iter_mut()
+                        .zip(rows)
+                        .map(|(m, row)| (m.item, m.finish(row, self.config.vocab_size))),
+                );
+            }
+            Err(e) => {
+                let message = e.to_string();
+                out.extend(ready.iter_mut().map(|m| {
+                    m.seq.poisoned = true;
+                    (m.item, Err(EngineError::Other(message.clone())))
+                }));
+            }
+        }
+        out
+    }
+
+    /// The pass over `members` (`cols` tokens; their PLE rows already in `bs`): each member's
+    /// last logits row, in member order.
+    // A bind-group cache is keyed by buffers (see `Recorder::with_cache`).
+    #[allow(clippy::mutable_key_type)]
+    fn batch_pass(
+        &self,
+        bs: &Arc<Scratch>,
+        members: &mut [Member<'_>],
+        cols: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let Some(first) = members.first() else {
+            return Ok(Vec::new());
+        };
+        let backend = Arc::clone(&first.seq.backend);
+        let c = &*self.ctx;
+        let ids: Vec<u32> = members
+            .iter()
+            .flat_map(|m| m.tokens.iter().copied())
+            .collect();
+        debug_assert_eq!(ids.len(), cols);
+        bs.ids.write_u32(c, 0, &ids).map_err(gpu_err)?;
+        let driver = GpuSequence::driver(backend, Arc::clone(bs)).map_err(gpu_err)?;
+        let cache = std::mem::take(&mut *scratch::lock(&self.batch_binds));
+        let mut rec = Recorder::with_cache(cache);
+        let recorded = self.record_batch(&mut rec, &driver, members, cols);
+        *scratch::lock(&self.batch_binds) = rec.take_cache();
+        recorded?;
+        let v = self.config.vocab_size;
+        let row_bytes = (v * 4) as u64;
+        let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("batch logits readback"),
+            size: row_bytes * members.len() as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("batch"),
+            });
+        rec.encode(&mut encoder, None);
+        for (i, m) in members.iter().enumerate() {
+            let last = (m.col + m.tokens.len() - 1) as u64;
+            encoder.copy_buffer_to_buffer(
+                &bs.logits.buffer,
+                last * row_bytes,
+                &staging,
+                i as u64 * row_bytes,
+                row_bytes,
+            );
+        }
+        c.queue.submit([encoder.finish()]);
+        let bytes = read_staging(c, &staging).map_err(gpu_err)?;
+        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        Ok(logits.chunks_exact(v.max(1)).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Record the batched forward: logits of every column into the batch scratch.
+    fn record_batch(
+        &self,
+        rec: &mut Recorder,
+        driver: &GpuSequence,
+        members: &mut [Member<'_>],
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        driver.record_embedding(rec, cols).map_err(gpu_err)?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            self.record_batch_mixer(rec, driver, members, index, layer, cols)
+                .map_err(gpu_err)?;
+            driver.hc_mix(rec, &layer.ffn_hc, cols).map_err(gpu_err)?;
+            driver.moe_route(rec, &layer.moe, cols).map_err(gpu_err)?;
+            driver.record_moe(rec, layer, index, cols)?;
+            if rec.len() >= forward::STREAM_DISPATCHES {
+                rec.flush(&self.ctx);
+            }
+        }
+        driver.record_head(rec, cols, true).map_err(gpu_err)?;
+        Ok(())
+    }
+
+    /// A layer's PLE (if any) and mixer: token-wise parts on the driver, the rest per member.
+    fn record_batch_mixer(
+        &self,
+        rec: &mut Recorder,
+        driver: &GpuSequence,
+        members: &mut [Member<'_>],
+        index: usize,
+        layer: &LayerGpu,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        let cfg = &self.config;
+        let bs = &*driver.scratch;
+        let wide = cfg.n_embd * cfg.hc_count;
+        if let Some(p) = &layer.ple {
+            driver.ple_mix(rec, p, cols)?;
+            for_each_member(rec, members, |rec, m, s| {
+                m.copy_in(rec, &bs.ple_conv_in, &s.ple_conv_in, wide)?;
+                m.copy_in(rec, &bs.ple_gated, &s.ple_gated, wide)?;
+                m.copy_in(rec, &bs.wide, &s.wide, wide)?;
+                m.seq.ple_conv(rec, p, m.tokens.len(), m.pos0)?;
+                m.copy_out(rec, &s.wide, &bs.wide, wide)
+            })?;
+        }
+        driver.hc_mix(rec, &layer.attn_hc, cols)?;
+        match &layer.mixer {
+            MixerGpu::Gdn(g) => {
+                let d = &cfg.gdn;
+                driver.gdn_project(rec, g, cols)?;
+                for_each_member(rec, members, |rec, m, s| {
+                    m.copy_in(rec, &bs.mixed, &s.mixed, d.conv_channels())?;
+                    m.copy_in(rec, &bs.z, &s.z, d.value_dim())?;
+                    m.copy_in(rec, &bs.beta_alpha, &s.beta_alpha, 2 * d.n_v_heads)?;
+                    m.seq
+                        .gdn_core(rec, g, m.state(index)?, m.tokens.len(), true)?;
+                    m.copy_out(rec, &s.gdn_normed, &bs.gdn_normed, d.value_dim())
+                })?;
+                driver.gdn_out(rec, g, cols)
+            }
+            MixerGpu::Qsa(q) => {
+                let a = &cfg.attention;
+                let kv = a.n_head_kv * a.head_dim;
+                let idim = a.indexer_head_dim;
+                let targets = [
+                    View::new(&bs.key_stage, 0, kv),
+                    View::new(&bs.value_stage, 0, kv),
+                ];
+                let index_keys = View::new(&bs.index_key_stage, 0, idim);
+                driver.qsa_project(rec, q, targets, index_keys, cols)?;
+                for_each_member(rec, members, |rec, m, s| {
+                    let qg = a.n_head * 2 * a.head_dim;
+                    m.copy_in(rec, &bs.query_gate, &s.query_gate, qg)?;
+                    m.stage_kv(rec, bs, s, index)?;
+                    if q.indexer.is_some() {
+                        let nih = a.indexer_n_head * idim;
+                        m.copy_in(rec, &bs.index_query, &s.index_query, nih)?;
+                    }
+                    m.seq
+                        .qsa_core(rec, q, m.state(index)?, m.tokens.len(), m.pos0)?;
+                    m.copy_out(rec, &s.attended, &bs.attended, a.n_head * a.head_dim)
+                })?;
+                driver.qsa_out(rec, q, cols)
+            }
+        }
+    }
+}
+
+/// Run `f` for every member with its own bind groups in `rec` and the backend's chunk buffers.
+#[allow(clippy::mutable_key_type)]
+fn for_each_member<F>(
+    rec: &mut Recorder,
+    members: &mut [Member<'_>],
+    mut f: F,
+) -> Result<(), GpuError>
+where
+    F: FnMut(&mut Recorder, &mut Member<'_>, &Scratch) -> Result<(), GpuError>,
+{
+    for m in members.iter_mut() {
+        let own = std::mem::take(&mut m.seq.bind_groups);
+        let driver_cache = rec.swap_cache(own);
+        let scratch = Arc::clone(&m.seq.scratch);
+        let done = f(rec, m, &scratch);
+        m.seq.bind_groups = rec.swap_cache(driver_cache);
+        done?;
+    }
+    Ok(())
+}
+
+impl Member<'_> {
+    fn state(&self, index: usize) -> Result<&LayerState, GpuError> {
+        self.seq
+            .layers
+            .get(index)
+            .ok_or_else(|| GpuError::BadArgs(format!("no layer {index}")))
+    }
+
+    /// This member's columns of `batch` (`width` values per token) to the start of `own`.
+    fn copy_in(
+        &self,
+        rec: &mut Recorder,
+        batch: &GpuBuf,
+        own: &GpuBuf,
+        width: usize,
+    ) -> Result<(), GpuError> {
+        let c = &*self.seq.backend.ctx;
+        let t = self.tokens.len();
+        ops::copy_rows(
+            c,
+            rec,
+            batch,
+            self.col * width,
+            width,
+            own,
+            0,
+            width,
+            0,
+            t,
+            width,
+        )
+    }
+
+    /// The start of `own` back to this member's columns of `batch`.
+    fn copy_out(
+        &self,
+        rec: &mut Recorder,
+        own: &GpuBuf,
+        batch: &GpuBuf,
+        width: usize,
+    ) -> Result<(), GpuError> {
+        let c = &*self.seq.backend.ctx;
+        let t = self.tokens.len();
+        ops::copy_rows(
+            c,
+            rec,
+            own,
+            0,
+            width,
+            batch,
+            self.col * width,
+            width,
+            0,
+            t,
+            width,
+        )
+    }
+
+    /// The batch's keys, values and raw index keys of this member where a feed alone projects
+    /// them: the f32 caches at its positions, or the chunk's stage buffers for a rounded cache.
+    fn stage_kv(
+        &self,
+        rec: &mut Recorder,
+        bs: &Scratch,
+        s: &Scratch,
+        index: usize,
+    ) -> Result<(), GpuError> {
+        let LayerState::Qsa {
+            keys,
+            values,
+            raw_index_keys,
+            ..
+        } = self.state(index)?
+        else {
+            return Err(GpuError::BadArgs("attention layer with GDN state".into()));
+        };
+        let b = &*self.seq.backend;
+        let c = &*b.ctx;
+        let a = &b.config.attention;
+        let kv = a.n_head_kv * a.head_dim;
+        let t = self.tokens.len();
+        if b.config.kv == KvType::F32 {
+            let at = self.pos0 * kv;
+            ops::copy_rows(
+                c,
+                rec,
+                &bs.key_stage,
+                self.col * kv,
+                kv,
+                keys,
+                at,
+                kv,
+                0,
+                t,
+                kv,
+            )?;
+            ops::copy_rows(
+                c,
+                rec,
+                &bs.value_stage,
+                self.col * kv,
+                kv,
+                values,
+                at,
+                kv,
+                0,
+                t,
+                kv,
+            )?;
+        } else {
+            self.copy_in(rec, &bs.key_stage, &s.key_stage, kv)?;
+            self.copy_in(rec, &bs.value_stage, &s.value_stage, kv)?;
+        }
+        let indexed = b
+            .layers
+            .get(index)
+            .is_some_and(|l| matches!(&l.mixer, MixerGpu::Qsa(q) if q.indexer.is_some()));
+        if indexed {
+            let idim = a.indexer_head_dim;
+            let at = self.pos0 * idim;
+            ops::copy_rows(
+                c,
+                rec,
+                &bs.index_key_stage,
+                self.col * idim,
+                idim,
+                raw_index_keys,
+                at,
+                idim,
+                0,
+                t,
+                idim,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// What this member's feed returns for its last row (checked for non-finite values).
+    fn finish(&mut self, row: Vec<f32>, vocab: usize) -> Result<Fed, EngineError> {
+        if first_non_finite(&row).is_some() || row.len() != vocab {
+            self.seq.poisoned = true;
+            return Err(EngineError::NonFinite {
+                stage: "GPU logits".into(),
+                position: self.pos0 + self.tokens.len() - 1,
+            });
+        }
+        Ok(if self.top > 0 {
+            Fed::Top(crate::sampler::top_candidates(&row, self.top))
+        } else {
+            Fed::Row(row)
+        })
+    }
+}
+
+impl GpuSequence {
+    /// A sequence with no state of its own whose chunk buffers are `scratch`: it records the
+    /// token-wise parts of a batched pass.
+    fn driver(backend: Arc<GpuBackend>, scratch: Arc<Scratch>) -> Result<Self, GpuError> {
+        let ple_history = GpuBuf::zeros(&backend.ctx, "batch driver", 1)?;
+        Ok(Self {
+            backend,
+            tokens: Vec::new(),
+            layers: Vec::new(),
+            ple_history,
+            scratch,
+            state_bytes: 0,
+            kv_tokens: 0,
+            poisoned: false,
+            profile: false,
+            timings: Vec::new(),
+            bind_groups: BindGroupCache::new(),
+        })
+    }
+}
