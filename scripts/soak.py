@@ -5,6 +5,10 @@ conversation, to see the prompt cache at work. Standard library only.
 
     strata serve --parallel 8 &
     python3 scripts/soak.py --base http://127.0.0.1:8080 --clients 32 --seconds 120
+
+After the soak, --verify N of the answered requests (default 64, spread over the run) are sent
+again one at a time: each must give the same text and token count as it did among the others
+(requests are seeded, so a stream mixed with another request's or cut short shows up here).
     python3 scripts/soak.py --base http://127.0.0.1:8080 --ttft
 """
 
@@ -19,7 +23,8 @@ import urllib.parse
 
 
 def stream_chat(base, messages, max_tokens, seed):
-    """One streaming chat request: (ok, error, time to first token, total time, text, tokens)."""
+    """One streaming chat request: (ok, error, time to first token, total time, text, tokens,
+    prompt tokens)."""
     url = urllib.parse.urlparse(base)
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=600)
     body = json.dumps({"messages": messages, "max_tokens": max_tokens, "stream": True,
@@ -29,10 +34,11 @@ def stream_chat(base, messages, max_tokens, seed):
     conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
-        return False, f"status {resp.status}: {resp.read()[:200]!r}", None, None, "", 0
+        return False, f"status {resp.status}: {resp.read()[:200]!r}", None, None, "", 0, 0
     first = None
     text = ""
     tokens = 0
+    prompt = 0
     done = False
     for raw in resp:
         line = raw.decode().strip()
@@ -44,36 +50,43 @@ def stream_chat(base, messages, max_tokens, seed):
             break
         chunk = json.loads(data)
         if "error" in chunk:
-            return False, str(chunk["error"]), first, None, text, tokens
+            return False, str(chunk["error"]), first, None, text, tokens, prompt
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
+            prompt = chunk["usage"].get("prompt_tokens", 0)
         for choice in chunk.get("choices", []):
             delta = choice.get("delta", {})
             piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                piece += (function.get("name") or "") + (function.get("arguments") or "")
             if piece and first is None:
                 first = time.monotonic() - start
             text += piece
     conn.close()
     if not done:
-        return False, "stream ended without [DONE]", first, None, text, tokens
-    return True, "", first, time.monotonic() - start, text, tokens
+        return False, "stream ended without [DONE]", first, None, text, tokens, prompt
+    return True, "", first, time.monotonic() - start, text, tokens, prompt
 
 
 def soak(args):
     deadline = time.monotonic() + args.seconds
     lock = threading.Lock()
     results = []
+    requests = []
 
     def client(i):
         rng = random.Random(i)
         while time.monotonic() < deadline:
             msg = [{"role": "user", "content": f"client {i} question {rng.randrange(1000)}"}]
+            seed = rng.randrange(1 << 31)
             try:
-                r = stream_chat(args.base, msg, args.max_tokens, rng.randrange(1 << 31))
+                r = stream_chat(args.base, msg, args.max_tokens, seed)
             except Exception as e:  # noqa: BLE001 - every failure counts
-                r = (False, f"{type(e).__name__}: {e}", None, None, "", 0)
+                r = (False, f"{type(e).__name__}: {e}", None, None, "", 0, 0)
             with lock:
                 results.append(r)
+                requests.append((msg, seed))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
     start = time.monotonic()
@@ -95,24 +108,43 @@ def soak(args):
               f"p95 {pct(ttft, 0.95) * 1000:.0f} ms, max {ttft[-1] * 1000:.0f} ms")
     for e in sorted(set(errors))[:5]:
         print("error:", e)
-    return 1 if errors else 0
+    mismatches = verify(args, [(req, r) for req, r in zip(requests, results) if r[0]])
+    return 1 if errors or mismatches else 0
+
+
+def verify(args, answered):
+    """Send up to args.verify answered requests again, one at a time; count the differences."""
+    if args.verify <= 0 or not answered:
+        return 0
+    step = max(1, len(answered) // args.verify)
+    picked = answered[::step][: args.verify]
+    mismatches = 0
+    for (msg, seed), r in picked:
+        alone = stream_chat(args.base, msg, args.max_tokens, seed)
+        if not alone[0] or alone[4] != r[4] or alone[5] != r[5]:
+            mismatches += 1
+            print(f"mismatch: seed {seed}: among others {r[5]} tokens {r[4][:60]!r}, "
+                  f"alone {alone[5]} tokens {alone[4][:60]!r} {alone[1]}")
+    print(f"verified {len(picked)} responses against the same request alone: "
+          f"{len(picked) - mismatches} equal, {mismatches} different")
+    return mismatches
 
 
 def ttft(args):
     long_text = " ".join(f"fact {i}: the river number {i} flows north." for i in range(args.words // 8))
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": long_text + "\nSummarise."}]
-    ok, err, first1, _, text, _ = stream_chat(args.base, messages, 16, 1)
+    ok, err, first1, _, text, _, prompt1 = stream_chat(args.base, messages, 16, 1)
     if not ok:
         print("turn 1 failed:", err)
         return 1
     messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Shorter, please."}]
-    ok, err, first2, _, _, _ = stream_chat(args.base, messages, 16, 2)
+    ok, err, first2, _, _, _, prompt2 = stream_chat(args.base, messages, 16, 2)
     if not ok:
         print("turn 2 failed:", err)
         return 1
-    print(f"turn 1 time to first token: {first1 * 1000:.0f} ms (whole prompt computed)")
-    print(f"turn 2 time to first token: {first2 * 1000:.0f} ms (conversation so far from the prompt cache)")
+    print(f"turn 1 time to first token: {first1 * 1000:.0f} ms ({prompt1} prompt tokens, all computed)")
+    print(f"turn 2 time to first token: {first2 * 1000:.0f} ms ({prompt2} prompt tokens, the conversation so far from the prompt cache)")
     return 0
 
 
@@ -122,6 +154,8 @@ def main():
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--verify", type=int, default=64,
+                        help="answered requests to send again alone and compare (0: none)")
     parser.add_argument("--ttft", action="store_true", help="measure turn-2 time to first token")
     parser.add_argument("--words", type=int, default=800, help="length of the --ttft prompt")
     args = parser.parse_args()

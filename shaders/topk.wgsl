@@ -6,14 +6,20 @@
 // A list is LIST = 2K + 1 words: K (id, key) pairs in order, then the smallest id of a non-finite
 // value seen (0xffffffff when none). `key` is the high word of `order_key`: !monotone(bits),
 // smaller first. Pairs past the row's end are (0xffffffff, 0xffffffff), which sort last.
-//   topk_slices: workgroup w sorts values w*SLICE .. (w+1)*SLICE of the row (bitonic sort in
-//                workgroup memory) and writes their list to OUT[w].
-//   topk_merge:  workgroup g merges lists g*p.per_wg .. of IN (p.lists of them) into OUT[g], a
-//                round of ROUND lists at a time beside the running first K.
+// Several rows at once: workgroup row y (workgroup_id.y) works on its own row and lists; a pass
+// with W workgroups per row writes row y's lists at OUT[y * W ..].
+//   topk_slices: workgroup w of row y sorts values w*SLICE .. (w+1)*SLICE of logits row ROWS[y]
+//                (row y itself when p.indexed is 0; rows are p.n values apart in X) with a bitonic
+//                sort in workgroup memory, and writes their list to OUT[y * W + w].
+//   topk_merge:  workgroup g of row y merges that row's lists g*p.per_wg .. of IN (p.n of them
+//                per row, from IN[y * p.n]) into OUT[y * W + g], a round of ROUND lists at a
+//                time beside the running first K.
 
 struct Params {
-    n: u32,       // topk_slices: values in the row; topk_merge: lists in IN
+    n: u32,       // topk_slices: values in a row; topk_merge: lists per row in IN
     per_wg: u32,  // topk_merge: lists each workgroup merges
+    indexed: u32, // topk_slices: rows named by ROWS (else row y is logits row y)
+    pad: u32,
 }
 
 var<immediate> p: Params;
@@ -21,6 +27,7 @@ var<immediate> p: Params;
 @group(0) @binding(0) var<storage, read> X: array<f32>;
 @group(0) @binding(1) var<storage, read> IN: array<u32>;
 @group(0) @binding(2) var<storage, read_write> OUT: array<u32>;
+@group(0) @binding(3) var<storage, read> ROWS: array<u32>;
 
 const WG: u32 = 256u;
 const SLICE: u32 = 1024u;
@@ -87,9 +94,14 @@ fn write_list(at: u32, lid: u32) {
 
 @compute @workgroup_size(WG)
 fn topk_slices(@builtin(workgroup_id) wg: vec3<u32>,
+               @builtin(num_workgroups) groups: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
         atomicStore(&BAD, NONE);
+    }
+    var row = wg.y;
+    if (p.indexed != 0u) {
+        row = ROWS[wg.y];
     }
     workgroupBarrier();
     for (var r = lid; r < SLICE; r += WG) {
@@ -97,7 +109,7 @@ fn topk_slices(@builtin(workgroup_id) wg: vec3<u32>,
         var key = NONE;
         var id = NONE;
         if (i < p.n) {
-            let v = X[i];
+            let v = X[row * p.n + i];
             if (!is_finite(v)) {
                 atomicMin(&BAD, i);
             }
@@ -109,12 +121,15 @@ fn topk_slices(@builtin(workgroup_id) wg: vec3<u32>,
     }
     workgroupBarrier();
     sort_all(lid);
-    write_list(wg.x, lid);
+    write_list(wg.y * groups.x + wg.x, lid);
 }
 
 @compute @workgroup_size(WG)
 fn topk_merge(@builtin(workgroup_id) wg: vec3<u32>,
+              @builtin(num_workgroups) groups: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
+    // This row's lists in IN.
+    let lists = wg.y * p.n;
     if (lid == 0u) {
         atomicStore(&BAD, NONE);
     }
@@ -131,7 +146,7 @@ fn topk_merge(@builtin(workgroup_id) wg: vec3<u32>,
             var key = NONE;
             var id = NONE;
             if (list < end && list < l0 + ROUND) {
-                let at = list * LIST + 2u * (r % K);
+                let at = (lists + list) * LIST + 2u * (r % K);
                 id = IN[at];
                 key = IN[at + 1u];
             }
@@ -139,11 +154,11 @@ fn topk_merge(@builtin(workgroup_id) wg: vec3<u32>,
             ID[K + r] = id;
         }
         if (lid < ROUND && l0 + lid < end) {
-            atomicMin(&BAD, IN[(l0 + lid) * LIST + 2u * K]);
+            atomicMin(&BAD, IN[(lists + l0 + lid) * LIST + 2u * K]);
         }
         workgroupBarrier();
         sort_all(lid);
     }
     workgroupBarrier();
-    write_list(wg.x, lid);
+    write_list(wg.y * groups.x + wg.x, lid);
 }

@@ -1826,6 +1826,58 @@ fn top_candidates_on_the_gpu_equal_the_sampler_order() {
     );
 }
 
+/// Several rows in one set of passes (`topk::record_rows`, a batched decode step's members):
+/// each listed row's candidates equal `sampler::top_candidates` of that row, in the listed order
+/// (rows repeated and out of order, one with a non-finite value reporting its own id), at a
+/// vocabulary of three merge levels and at one of a single slice.
+#[test]
+fn top_candidates_of_listed_rows_equal_each_row_alone() {
+    use strata::gpu::topk;
+    let Some(ctx) = context() else { return };
+    for (n, seed) in [(70_001usize, 11u64), (900, 12)] {
+        let count = 5;
+        let mut logits = random_vec(n * count, seed);
+        // Ties across the row: every 97th value equal.
+        for (i, v) in logits.iter_mut().enumerate() {
+            if i % 97 == 0 {
+                *v = 0.5;
+            }
+        }
+        logits[3 * n + n / 3] = f32::NAN;
+        let rows = [4u32, 0, 2, 2, 3];
+        let words = topk::scratch_words(n) * rows.len();
+        let x = upload(&ctx, &logits);
+        let a = GpuBuf::zeros(&ctx, "lists a", words).expect("a");
+        let b = GpuBuf::zeros(&ctx, "lists b", words).expect("b");
+        let listed = GpuBuf::zeros(&ctx, "rows", rows.len()).expect("rows");
+        let mut rec = Recorder::new();
+        let list =
+            topk::record_rows(&ctx, &mut rec, &x, n, &rows, &listed, &a, &b).expect("record");
+        rec.run(&ctx).expect("run");
+        let got = list
+            .read_u32(&ctx, 0, rows.len() * topk::LIST_WORDS)
+            .expect("read");
+        for (i, &r) in rows.iter().enumerate() {
+            let words = &got[i * topk::LIST_WORDS..(i + 1) * topk::LIST_WORDS];
+            let row = &logits[r as usize * n..(r as usize + 1) * n];
+            let decoded = topk::decode(words, n);
+            if r == 3 {
+                assert_eq!(decoded, Err((n / 3) as u32), "n {n}: row 3's non-finite id");
+                continue;
+            }
+            let want = strata::sampler::top_candidates(row, topk::TOP_CANDIDATES);
+            let got = decoded.unwrap_or_else(|bad| panic!("n {n}, row {r}: bad id {bad}"));
+            let bits =
+                |l: &[(u32, f32)]| l.iter().map(|(i, v)| (*i, v.to_bits())).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "n {n}: listed row {i} (logits row {r})"
+            );
+        }
+    }
+}
+
 fn run_topk(ctx: &GpuContext, row: &[f32]) -> Result<Vec<(u32, f32)>, u32> {
     use strata::gpu::topk;
     let words = topk::scratch_words(row.len());

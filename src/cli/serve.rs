@@ -33,8 +33,8 @@ pub struct Args {
     /// Open the web page in the default browser once the server is listening.
     #[arg(long)]
     pub open: bool,
-    /// Requests generating concurrently (advanced step by step in turn; each one's output is
-    /// the same as if it ran alone).
+    /// Requests generating concurrently, advanced one step each per round (on the GPU their
+    /// decode steps share one forward pass); each one's output is the same as if it ran alone.
     #[arg(long, default_value_t = DEFAULT_PARALLEL as u16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub parallel: u16,
     /// Memory the prompt cache may hold, e.g. 4GiB, 512MiB (0 turns it off). Cached

@@ -7,9 +7,11 @@
 //! whatever the chunk around it (the chunk-size invariance the backend keeps), and copies move
 //! bits, so a member's logits are those of the same tokens fed alone.
 //!
-//! Batched: members of this backend with every expert resident (tiered and pinned experts sync
-//! with the host per layer), outside the stage-check and profiling modes, up to [`BATCH_TOKENS`]
-//! tokens together. The other items of a call are fed one at a time.
+//! Batched: members of this backend with resident or pinned experts (VRAM slots filled by the
+//! host, `--experts` tiers other than pinned, sync with the host per layer), outside the
+//! stage-check and profiling modes, up to [`BATCH_TOKENS`] tokens together. The other items of a
+//! call are fed one at a time. With pinned experts the pass's routing log is read back with the
+//! logits, as a feed alone reads its own, and the hot copies are promoted between passes.
 
 use super::*;
 use crate::engine::Fed;
@@ -36,7 +38,7 @@ impl GpuBackend {
     pub(super) fn feed_batched(&self, batch: &mut [FeedItem<'_>]) -> Vec<Result<Fed, EngineError>> {
         let mut results: Vec<Option<Result<Fed, EngineError>>> =
             batch.iter().map(|_| None).collect();
-        let batchable = self.tier.is_none() && self.pinned.is_none() && !self.check_stages;
+        let batchable = self.tier.is_none() && !self.check_stages;
         let mut members = Vec::new();
         let mut cols = 0;
         let mut alone = Vec::new();
@@ -177,8 +179,9 @@ impl GpuBackend {
         out
     }
 
-    /// The pass over `members` (`cols` tokens; their PLE rows already in `bs`): each member's
-    /// last logits row, in member order.
+    /// The pass over `members` (`cols` tokens; their PLE rows already in `bs`): what each
+    /// member's last logits row gives, in member order: its sampling candidates, found on the
+    /// GPU, for a member that asks for them, else the row.
     // A bind-group cache is keyed by buffers (see `Recorder::with_cache`).
     #[allow(clippy::mutable_key_type)]
     fn batch_pass(
@@ -186,7 +189,7 @@ impl GpuBackend {
         bs: &Arc<Scratch>,
         members: &mut [Member<'_>],
         cols: usize,
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
+    ) -> Result<Vec<LastRow>, EngineError> {
         let Some(first) = members.first() else {
             return Ok(Vec::new());
         };
@@ -201,14 +204,22 @@ impl GpuBackend {
         let driver = GpuSequence::driver(backend, Arc::clone(bs)).map_err(gpu_err)?;
         let cache = std::mem::take(&mut *scratch::lock(&self.batch_binds));
         let mut rec = Recorder::with_cache(cache);
-        let recorded = self.record_batch(&mut rec, &driver, members, cols);
+        let recorded = self
+            .record_batch(&mut rec, &driver, members, cols)
+            .and_then(|()| record_candidates(self, bs, &mut rec, members).map_err(gpu_err));
         *scratch::lock(&self.batch_binds) = rec.take_cache();
-        recorded?;
+        let lists = recorded?;
         let v = self.config.vocab_size;
         let row_bytes = (v * 4) as u64;
+        let list_bytes = (topk::LIST_WORDS * 4) as u64;
+        // The staging layout: each member's row or list, in member order.
+        let sizes: Vec<u64> = members
+            .iter()
+            .map(|m| if m.top > 0 { list_bytes } else { row_bytes })
+            .collect();
         let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("batch logits readback"),
-            size: row_bytes * members.len() as u64,
+            label: Some("batch readback"),
+            size: sizes.iter().sum::<u64>().max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -218,20 +229,72 @@ impl GpuBackend {
                 label: Some("batch"),
             });
         rec.encode(&mut encoder, None);
-        for (i, m) in members.iter().enumerate() {
-            let last = (m.col + m.tokens.len() - 1) as u64;
-            encoder.copy_buffer_to_buffer(
-                &bs.logits.buffer,
-                last * row_bytes,
-                &staging,
-                i as u64 * row_bytes,
-                row_bytes,
-            );
+        let mut at = 0;
+        let mut listed = 0;
+        for (m, &size) in members.iter().zip(&sizes) {
+            if m.top > 0 {
+                let from = lists.ok_or_else(|| gpu_err(no_lists()))?;
+                encoder.copy_buffer_to_buffer(
+                    &from.buffer,
+                    listed * list_bytes,
+                    &staging,
+                    at,
+                    size,
+                );
+                listed += 1;
+            } else {
+                let last = (m.col + m.tokens.len() - 1) as u64;
+                encoder.copy_buffer_to_buffer(
+                    &bs.logits.buffer,
+                    last * row_bytes,
+                    &staging,
+                    at,
+                    size,
+                );
+            }
+            at += size;
         }
+        let routing = self.routing_readback(&mut encoder, bs, cols);
         c.queue.submit([encoder.finish()]);
         let bytes = read_staging(c, &staging).map_err(gpu_err)?;
-        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        Ok(logits.chunks_exact(v.max(1)).map(<[f32]>::to_vec).collect())
+        if let (Some(staging), Some(pinned)) = (routing, &self.pinned) {
+            let log: Vec<u32> =
+                bytemuck::pod_collect_to_vec(&read_staging(c, &staging).map_err(gpu_err)?);
+            pinned.record(&log, cols * self.config.moe.n_expert_used);
+            self.promote_hot_experts().map_err(gpu_err)?;
+        }
+        let mut out = Vec::with_capacity(members.len());
+        let mut at = 0;
+        for (m, &size) in members.iter().zip(&sizes) {
+            let part = &bytes[at as usize..(at + size) as usize];
+            out.push(if m.top > 0 {
+                LastRow::List(bytemuck::pod_collect_to_vec(part))
+            } else {
+                LastRow::Row(bytemuck::pod_collect_to_vec(part))
+            });
+            at += size;
+        }
+        Ok(out)
+    }
+
+    /// Pinned experts: queue a copy of the routing log of a pass over `t` tokens of `scratch`
+    /// (every layer's choices) for the host.
+    pub(super) fn routing_readback(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        scratch: &Scratch,
+        t: usize,
+    ) -> Option<wgpu::Buffer> {
+        self.pinned.as_ref()?;
+        let size = (self.layers.len() * t * self.config.moe.n_expert_used * 4) as u64;
+        let staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("routing readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        encoder.copy_buffer_to_buffer(&scratch.routing_log.buffer, 0, &staging, 0, size);
+        Some(staging)
     }
 
     /// Record the batched forward: logits of every column into the batch scratch.
@@ -482,20 +545,57 @@ impl Member<'_> {
     }
 
     /// What this member's feed returns for its last row (checked for non-finite values).
-    fn finish(&mut self, row: Vec<f32>, vocab: usize) -> Result<Fed, EngineError> {
-        if first_non_finite(&row).is_some() || row.len() != vocab {
+    fn finish(&mut self, last: LastRow, vocab: usize) -> Result<Fed, EngineError> {
+        let got = match last {
+            LastRow::Row(row) if row.len() == vocab && first_non_finite(&row).is_none() => {
+                Some(Fed::Row(row))
+            }
+            LastRow::List(words) => topk::decode(&words, vocab).ok().map(|mut top| {
+                top.truncate(self.top);
+                Fed::Top(top)
+            }),
+            LastRow::Row(_) => None,
+        };
+        got.ok_or_else(|| {
             self.seq.poisoned = true;
-            return Err(EngineError::NonFinite {
+            EngineError::NonFinite {
                 stage: "GPU logits".into(),
                 position: self.pos0 + self.tokens.len() - 1,
-            });
-        }
-        Ok(if self.top > 0 {
-            Fed::Top(crate::sampler::top_candidates(&row, self.top))
-        } else {
-            Fed::Row(row)
+            }
         })
     }
+}
+
+/// What a batched pass reads back for a member: its last logits row, or that row's sampling
+/// candidates ([`topk::LIST_WORDS`] words).
+enum LastRow {
+    Row(Vec<f32>),
+    List(Vec<u32>),
+}
+
+fn no_lists() -> GpuError {
+    GpuError::BadArgs("a batch member asks for candidates that were not recorded".into())
+}
+
+/// The candidate passes over the last rows of the members that ask for candidates (in member
+/// order), when any does: the buffer holding their lists, list i at word i * LIST_WORDS.
+fn record_candidates<'a>(
+    b: &GpuBackend,
+    bs: &'a Scratch,
+    rec: &mut Recorder,
+    members: &[Member<'_>],
+) -> Result<Option<&'a GpuBuf>, GpuError> {
+    let rows: Vec<u32> = members
+        .iter()
+        .filter(|m| m.top > 0)
+        .map(|m| (m.col + m.tokens.len() - 1) as u32)
+        .collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let [x, y] = &bs.top_lists;
+    let v = b.config.vocab_size;
+    topk::record_rows(&b.ctx, rec, &bs.logits, v, &rows, &bs.top_rows, x, y).map(Some)
 }
 
 impl GpuSequence {

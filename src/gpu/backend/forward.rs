@@ -270,7 +270,7 @@ impl GpuSequence {
             t.resolve(&mut encoder);
         }
         encoder.copy_buffer_to_buffer(&source.buffer, 0, &staging, 0, size);
-        let routing = self.routing_readback(&mut encoder, t);
+        let routing = b.routing_readback(&mut encoder, &self.scratch, t);
         c.queue.submit([encoder.finish()]);
         let bytes = read_staging(c, &staging).map_err(gpu_err)?;
         if let (Some(staging), Some(pinned)) = (routing, &b.pinned) {
@@ -320,25 +320,6 @@ impl GpuSequence {
                 Ok(Got::Logits(logits))
             }
         }
-    }
-
-    /// Pinned experts: queue a copy of the chunk's routing log (`t` tokens) for the host.
-    fn routing_readback(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        t: usize,
-    ) -> Option<wgpu::Buffer> {
-        let b = &self.backend;
-        b.pinned.as_ref()?;
-        let size = (b.layers.len() * t * b.config.moe.n_expert_used * 4) as u64;
-        let staging = b.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("routing readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        encoder.copy_buffer_to_buffer(&self.scratch.routing_log.buffer, 0, &staging, 0, size);
-        Some(staging)
     }
 }
 

@@ -489,6 +489,8 @@ struct Scratch {
     greedy: GpuBuf,
     /// The two buffers the sampling-candidate passes alternate between (`crate::gpu::topk`).
     top_lists: [GpuBuf; 2],
+    /// A batched pass: the logits rows whose candidates the GPU finds (its members' last rows).
+    top_rows: GpuBuf,
 }
 
 pub struct GpuSequence {

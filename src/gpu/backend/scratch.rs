@@ -219,6 +219,8 @@ impl Scratch {
             _ => t * a.n_head_kv * a.head_dim,
         };
         let k = m.n_expert_used;
+        // Rows whose sampling candidates one pass finds: a batch's members, else the last row.
+        let top_rows = if batch { t.min(LOGIT_ROWS) } else { 1 };
         let z = |label: &str, n: usize| GpuBuf::zeros(c, label, n.max(1));
         // Tokens of the layers' own shared gate|up buffers: a decode step or a short chunk.
         let decode_t = t.min(GROUPED_MIN_TOKENS - 1);
@@ -297,9 +299,16 @@ impl Scratch {
             logits: z("logits", t.min(LOGIT_ROWS) * cfg.vocab_size)?,
             greedy: z("greedy", 2)?,
             top_lists: [
-                z("top candidates a", topk::scratch_words(cfg.vocab_size))?,
-                z("top candidates b", topk::scratch_words(cfg.vocab_size))?,
+                z(
+                    "top candidates a",
+                    topk::scratch_words(cfg.vocab_size) * top_rows,
+                )?,
+                z(
+                    "top candidates b",
+                    topk::scratch_words(cfg.vocab_size) * top_rows,
+                )?,
             ],
+            top_rows: z("top candidate rows", top_rows)?,
         })
     }
 }
