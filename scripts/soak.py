@@ -24,14 +24,17 @@ import urllib.parse
 
 def stream_chat(base, messages, max_tokens, seed):
     """One streaming chat request: (ok, error, time to first token, total time, text, tokens,
-    prompt tokens)."""
+    prompt tokens). `messages` as a string: a raw /v1/completions prompt instead (for models
+    without a chat template)."""
     url = urllib.parse.urlparse(base)
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=600)
-    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "stream": True,
-                       "temperature": 0.8, "seed": seed,
-                       "stream_options": {"include_usage": True}})
+    raw = isinstance(messages, str)
+    body = {"max_tokens": max_tokens, "stream": True, "temperature": 0.8, "seed": seed,
+            "stream_options": {"include_usage": True}}
+    body["prompt" if raw else "messages"] = messages
     start = time.monotonic()
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    path = "/v1/completions" if raw else "/v1/chat/completions"
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         return False, f"status {resp.status}: {resp.read()[:200]!r}", None, None, "", 0, 0
@@ -57,6 +60,7 @@ def stream_chat(base, messages, max_tokens, seed):
         for choice in chunk.get("choices", []):
             delta = choice.get("delta", {})
             piece = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+            piece += choice.get("text") or ""
             for call in delta.get("tool_calls") or []:
                 function = call.get("function") or {}
                 piece += (function.get("name") or "") + (function.get("arguments") or "")
@@ -132,13 +136,20 @@ def verify(args, answered):
 
 def ttft(args):
     long_text = " ".join(f"fact {i}: the river number {i} flows north." for i in range(args.words // 8))
-    messages = [{"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": long_text + "\nSummarise."}]
+    if args.raw:
+        messages = long_text + "\nSummarise.\n"
+    else:
+        messages = [{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": long_text + "\nSummarise."}]
     ok, err, first1, _, text, _, prompt1 = stream_chat(args.base, messages, 16, 1)
     if not ok:
         print("turn 1 failed:", err)
         return 1
-    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Shorter, please."}]
+    if args.raw:
+        messages += text + "\nShorter, please.\n"
+    else:
+        messages += [{"role": "assistant", "content": text},
+                     {"role": "user", "content": "Shorter, please."}]
     ok, err, first2, _, _, _, prompt2 = stream_chat(args.base, messages, 16, 2)
     if not ok:
         print("turn 2 failed:", err)
@@ -158,6 +169,8 @@ def main():
                         help="answered requests to send again alone and compare (0: none)")
     parser.add_argument("--ttft", action="store_true", help="measure turn-2 time to first token")
     parser.add_argument("--words", type=int, default=800, help="length of the --ttft prompt")
+    parser.add_argument("--raw", action="store_true",
+                        help="--ttft through /v1/completions (models without a chat template)")
     args = parser.parse_args()
     raise SystemExit(ttft(args) if args.ttft else soak(args))
 

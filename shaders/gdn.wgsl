@@ -12,6 +12,7 @@ struct Params {
     dv: u32,
     key_dim: u32,      // n_k_heads * dk
     eps: f32,          // gdn_recurrence_norm: the gated norm's epsilon
+    first: u32,        // the chunk buffers' column of the first token (a batch member's)
 }
 
 var<immediate> p: Params;
@@ -46,7 +47,7 @@ fn gdn_conv(@builtin(global_invocation_id) id: vec3<u32>) {
         if (idx < hist) {
             v = HIST[idx * p.channels + c];
         } else {
-            v = U[(idx - hist) * p.channels + c];
+            v = U[(p.first + idx - hist) * p.channels + c];
         }
         HIST[r * p.channels + c] = v;
     }
@@ -62,8 +63,10 @@ fn conv4(c: u32) {
     var a = HIST[c];
     var b = HIST[n + c];
     var d = HIST[2u * n + c];
-    var t = 0u;
-    for (; t + 4u <= p.tokens; t += 4u) {
+    // Columns p.first .. p.first + p.tokens (a batch member starts past column 0).
+    let end = p.first + p.tokens;
+    var t = p.first;
+    for (; t + 4u <= end; t += 4u) {
         let u0 = U[t * n + c];
         let u1 = U[(t + 1u) * n + c];
         let u2 = U[(t + 2u) * n + c];
@@ -76,7 +79,7 @@ fn conv4(c: u32) {
         b = u2;
         d = u3;
     }
-    for (; t < p.tokens; t++) {
+    for (; t < end; t++) {
         let u = U[t * n + c];
         CO[t * n + c] = conv_silu4(w, a, b, d, u);
         a = b;
@@ -96,11 +99,11 @@ fn conv_any(c: u32, k: u32, hist: u32) {
             if (idx < hist) {
                 v = HIST[idx * p.channels + c];
             } else {
-                v = U[(idx - hist) * p.channels + c];
+                v = U[(p.first + idx - hist) * p.channels + c];
             }
             acc += CW[c * k + j] * v;
         }
-        CO[t * p.channels + c] = silu(acc);
+        CO[(p.first + t) * p.channels + c] = silu(acc);
     }
 }
 
@@ -270,7 +273,7 @@ fn stage(t0: u32, n: u32, tid: u32, g: u32, head: u32, col_base: u32, cols: u32,
                    vec4(0.0));
     let kh = head % p.n_k_heads; // GGUF (tiled) value-head order
     if (tok < n) {
-        let at = (t0 + tok) * p.channels + is_k * p.key_dim + kh * p.dk;
+        let at = (p.first + t0 + tok) * p.channels + is_k * p.key_dim + kh * p.dk;
         keys = load_keys(at, 32u * g);
     }
     // L2 norms (model-spec 2.6, eps inside the sqrt), q also scaled by 1/sqrt(dk).
@@ -289,12 +292,12 @@ fn stage(t0: u32, n: u32, tid: u32, g: u32, head: u32, col_base: u32, cols: u32,
         let col = col_base + i % cols;
         var v = 0.0;
         if (t < n && col < p.dv) {
-            v = QKV[(t0 + t) * p.channels + 2u * p.key_dim + head * p.dv + col];
+            v = QKV[(p.first + t0 + t) * p.channels + 2u * p.key_dim + head * p.dv + col];
         }
         VB[i] = v;
     }
     if (tid < n) {
-        let t = t0 + tid;
+        let t = p.first + t0 + tid;
         BETA[tid] = 1.0 / (1.0 + exp(-BA[t * 2u * nv + head]));
         DECAY[tid] = exp(GP[nv + head] * softplus(BA[t * 2u * nv + nv + head] + GP[head]));
     }
@@ -375,7 +378,7 @@ fn recur(w: Cols, tid: u32, g: u32, normed: bool) {
                 if (normed) {
                     OUTB[t * w.cols + quad] = total;
                 } else {
-                    O[(t0 + t) * out_stride + head * p.dv + col] = total;
+                    O[(p.first + t0 + t) * out_stride + head * p.dv + col] = total;
                 }
             }
         }
@@ -437,7 +440,7 @@ fn gated_norm(t0: u32, n: u32, tid: u32, w: Cols) {
         let t = i / w.cols;
         let c = i % w.cols;
         if (c < p.dv) {
-            let at = (t0 + t) * out_stride + w.head * p.dv + c;
+            let at = (p.first + t0 + t) * out_stride + w.head * p.dv + c;
             let gate = 1.0 / (1.0 + exp(-GZ[at]));
             O[at] = OUTB[i] * INV[t] * GW[c] * gate;
         }

@@ -827,7 +827,8 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     let mut gate_params = random_vec(nv, 44);
     gate_params.extend(random_vec(nv, 45).iter().map(|v| -0.5 - v.abs()));
 
-    let run = |chunks: &[usize]| -> (Vec<f32>, Vec<f32>) {
+    // `first`: where each step's tokens sit in the chunk buffers (a batch member's columns).
+    let run = |chunks: &[usize], first: usize| -> (Vec<f32>, Vec<f32>) {
         let cw = upload(ctx, &conv_w);
         let hist = GpuBuf::zeros(ctx, "hist", taps_hist * channels).expect("hist");
         let gp = upload(ctx, &gate_params);
@@ -844,13 +845,20 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
             t0 += n;
         }
         for (t0, n) in steps {
-            // Each step sees its own tokens at the start of the buffers, like the backend's scratch.
-            let m = upload(ctx, &mixed[t0 * channels..(t0 + n) * channels]);
-            let b = upload(ctx, &ba[t0 * 2 * nv..(t0 + n) * 2 * nv]);
-            let c = GpuBuf::zeros(ctx, "c", n * channels).expect("c");
-            let o = GpuBuf::zeros(ctx, "o", n * nv * dv).expect("o");
+            // Each step sees its own tokens from column `first` of the buffers (0: like the
+            // backend's scratch), after columns of other values.
+            let at = |v: &[f32], width: usize| {
+                let mut padded = random_vec(first * width, 46);
+                padded.extend_from_slice(&v[t0 * width..(t0 + n) * width]);
+                upload(ctx, &padded)
+            };
+            let m = at(&mixed, channels);
+            let b = at(&ba, 2 * nv);
+            let c = GpuBuf::zeros(ctx, "c", (first + n) * channels).expect("c");
+            let o = GpuBuf::zeros(ctx, "o", (first + n) * nv * dv).expect("o");
+            let span = gops::Span::new(first, n);
             let mut rec = Recorder::new();
-            gops::gdn_conv(ctx, &mut rec, &shape, &m, &cw, &hist, &c, n).expect("conv");
+            gops::gdn_conv(ctx, &mut rec, &shape, &m, &cw, &hist, &c, span).expect("conv");
             // The recurrence L2-normalises q (and scales it by 1/sqrt(dk)) and k itself.
             let inputs = gops::GdnInputs {
                 qkv: &c,
@@ -858,9 +866,9 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
                 gate_params: &gp,
                 state: &state,
             };
-            gops::gdn_recurrence(ctx, &mut rec, &shape, inputs, &o, n).expect("rec");
+            gops::gdn_recurrence(ctx, &mut rec, &shape, inputs, &o, span).expect("rec");
             rec.run(ctx).expect("run");
-            let got = download(ctx, &o, n * nv * dv);
+            let got = download(ctx, &o, (first + n) * nv * dv)[first * nv * dv..].to_vec();
             out.write_f32(ctx, t0 * nv * dv, &got).expect("gather");
         }
         (
@@ -868,15 +876,20 @@ fn gdn_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
             download(ctx, &state, nv * dk * dv),
         )
     };
-    let (whole, state_whole) = run(&[tokens]);
-    for chunks in [&[1][..], &[3, 9, 1]] {
-        let (split, state_split) = run(chunks);
+    let (whole, state_whole) = run(&[tokens], 0);
+    for (chunks, first) in [
+        (&[1][..], 0),
+        (&[3, 9, 1], 0),
+        (&[tokens], 5),
+        (&[3, 9, 1], 2),
+    ] {
+        let (split, state_split) = run(chunks, first);
         assert!(
             whole
                 .iter()
                 .zip(&split)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "dk {dk} dv {dv}: chunks {chunks:?} != one dispatch"
+            "dk {dk} dv {dv}: chunks {chunks:?} from column {first} != one dispatch"
         );
         assert!(
             state_whole
@@ -1010,7 +1023,8 @@ fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
     let want = download(ctx, &normed_a, tokens * nv * dv);
     let want_state = download(ctx, &state_a, nv * dk * dv);
 
-    let fused = |chunks: &[usize]| -> (Vec<f32>, Vec<f32>) {
+    // `first`: the column of each step's first token in its buffers (a batch member's).
+    let fused = |chunks: &[usize], first: usize| -> (Vec<f32>, Vec<f32>) {
         let state = GpuBuf::zeros(ctx, "state", nv * dk * dv).expect("state");
         let mut out = Vec::new();
         let mut t0 = 0;
@@ -1019,10 +1033,15 @@ fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
                 break;
             }
             let n = n.min(tokens - t0);
-            let q = upload(ctx, &qkv[t0 * ch..(t0 + n) * ch]);
-            let b = upload(ctx, &ba[t0 * 2 * nv..(t0 + n) * 2 * nv]);
-            let zz = upload(ctx, &z[t0 * nv * dv..(t0 + n) * nv * dv]);
-            let o = GpuBuf::zeros(ctx, "o", n * nv * dv).expect("o");
+            let at = |v: &[f32], width: usize| {
+                let mut padded = random_vec(first * width, 67);
+                padded.extend_from_slice(&v[t0 * width..(t0 + n) * width]);
+                upload(ctx, &padded)
+            };
+            let q = at(&qkv, ch);
+            let b = at(&ba, 2 * nv);
+            let zz = at(&z, nv * dv);
+            let o = GpuBuf::zeros(ctx, "o", (first + n) * nv * dv).expect("o");
             let norm = gops::GatedNorm {
                 z: &zz,
                 weight: &nwb,
@@ -1035,26 +1054,33 @@ fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
                 gate_params: &gpb,
                 state: &state,
             };
-            gops::gdn_recurrence_norm(ctx, &mut rec, &shape, inputs, norm, &o, n).expect("fused");
+            let span = gops::Span::new(first, n);
+            gops::gdn_recurrence_norm(ctx, &mut rec, &shape, inputs, norm, &o, span)
+                .expect("fused");
             rec.run(ctx).expect("fused run");
-            out.extend(download(ctx, &o, n * nv * dv));
+            out.extend_from_slice(&download(ctx, &o, (first + n) * nv * dv)[first * nv * dv..]);
             t0 += n;
         }
         (out, download(ctx, &state, nv * dk * dv))
     };
-    let (whole, state) = fused(&[tokens]);
+    let (whole, state) = fused(&[tokens], 0);
     for (i, (a, b)) in state.iter().zip(&want_state).enumerate() {
         assert_eq!(a.to_bits(), b.to_bits(), "{what}: state value {i}");
     }
     close(&whole, &want, 1e-5, &format!("{what}: fused gated norm"));
-    for chunks in [&[1][..], &[3, 9, 1]] {
-        let (split, split_state) = fused(chunks);
+    for (chunks, first) in [
+        (&[1][..], 0),
+        (&[3, 9, 1], 0),
+        (&[tokens], 3),
+        (&[3, 9, 1], 6),
+    ] {
+        let (split, split_state) = fused(chunks, first);
         assert!(
             whole
                 .iter()
                 .zip(&split)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{what}: chunks {chunks:?} != one dispatch"
+            "{what}: chunks {chunks:?} from column {first} != one dispatch"
         );
         assert!(
             split_state

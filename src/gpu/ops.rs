@@ -445,15 +445,42 @@ pub struct GdnShape {
     pub dv: usize,
 }
 
+/// The tokens a per-sequence kernel works on: columns `first .. first + count` of the chunk
+/// buffers it reads and writes (the sequence's own state buffers have no columns). A sequence
+/// fed alone starts at column 0 (`usize` converts to that); a batched pass gives each member its
+/// columns of the batch's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub first: usize,
+    pub count: usize,
+}
+
+impl Span {
+    pub fn new(first: usize, count: usize) -> Self {
+        Self { first, count }
+    }
+
+    /// Columns the chunk buffers need: `first + count`.
+    pub fn end(&self) -> usize {
+        self.first + self.count
+    }
+}
+
+impl From<usize> for Span {
+    fn from(count: usize) -> Self {
+        Self { first: 0, count }
+    }
+}
+
 impl GdnShape {
-    fn params(&self, tokens: usize) -> Result<Vec<u8>, GpuError> {
+    fn params(&self, tokens: Span) -> Result<Vec<u8>, GpuError> {
         self.params_eps(tokens, 0.0)
     }
 
     /// The parameters with the gated norm's epsilon (gdn_recurrence_norm).
-    fn params_eps(&self, tokens: usize, eps: f32) -> Result<Vec<u8>, GpuError> {
+    fn params_eps(&self, tokens: Span, eps: f32) -> Result<Vec<u8>, GpuError> {
         Ok(words(&[
-            u(tokens)?,
+            u(tokens.count)?,
             u(self.channels)?,
             u(self.kernel)?,
             u(self.n_k_heads)?,
@@ -462,6 +489,7 @@ impl GdnShape {
             u(self.dv)?,
             u(self.n_k_heads * self.dk)?,
             eps.to_bits(),
+            u(tokens.first)?,
         ]))
     }
 }
@@ -476,14 +504,15 @@ pub fn gdn_conv(
     conv_weight: &GpuBuf,
     history: &GpuBuf,
     out: &GpuBuf,
-    tokens: usize,
+    tokens: impl Into<Span>,
 ) -> Result<(), GpuError> {
+    let tokens = tokens.into();
     if shape.kernel < 2 {
         return Err(GpuError::Unsupported(
             "GDN conv with fewer than 2 taps".into(),
         ));
     }
-    need(input, tokens * shape.channels, "gdn conv input")?;
+    need(input, tokens.end() * shape.channels, "gdn conv input")?;
     need(
         conv_weight,
         shape.channels * shape.kernel,
@@ -494,7 +523,7 @@ pub fn gdn_conv(
         (shape.kernel - 1) * shape.channels,
         "gdn conv history",
     )?;
-    need(out, tokens * shape.channels, "gdn conv output")?;
+    need(out, tokens.end() * shape.channels, "gdn conv output")?;
     rec.push(
         ctx,
         &PipelineKey::new("gdn", "gdn_conv"),
@@ -524,7 +553,8 @@ pub struct GdnInputs<'a> {
 }
 
 impl GdnInputs<'_> {
-    fn check(&self, shape: &GdnShape, out: &GpuBuf, tokens: usize) -> Result<(), GpuError> {
+    fn check(&self, shape: &GdnShape, out: &GpuBuf, tokens: Span) -> Result<(), GpuError> {
+        let tokens = tokens.end();
         if shape.dk > GDN_MAX_DK {
             return Err(GpuError::Unsupported(format!(
                 "GDN key head dim {} > {GDN_MAX_DK}",
@@ -558,8 +588,9 @@ pub fn gdn_recurrence(
     shape: &GdnShape,
     inputs: GdnInputs,
     out: &GpuBuf,
-    tokens: usize,
+    tokens: impl Into<Span>,
 ) -> Result<(), GpuError> {
+    let tokens = tokens.into();
     inputs.check(shape, out, tokens)?;
     let mut b = inputs.bindings(out).to_vec();
     // The gated norm's gate and weight, which this entry point never reads (it shares its body
@@ -602,8 +633,9 @@ pub fn gdn_recurrence_norm(
     inputs: GdnInputs,
     norm: GatedNorm,
     out: &GpuBuf,
-    tokens: usize,
+    tokens: impl Into<Span>,
 ) -> Result<(), GpuError> {
+    let tokens = tokens.into();
     if shape.dv > GDN_NORM_MAX_DV {
         return Err(GpuError::Unsupported(format!(
             "GDN value heads of {} > {GDN_NORM_MAX_DV} in one workgroup",
@@ -613,7 +645,7 @@ pub fn gdn_recurrence_norm(
     inputs.check(shape, out, tokens)?;
     need(
         norm.z,
-        tokens * shape.n_v_heads * shape.dv,
+        tokens.end() * shape.n_v_heads * shape.dv,
         "gdn output gate",
     )?;
     need(norm.weight, shape.dv, "gdn norm weight")?;

@@ -15,6 +15,7 @@
 
 use super::*;
 use crate::engine::Fed;
+use crate::gpu::ops::Span;
 use crate::model::config::KvType;
 
 /// Tokens of one batched pass (every column's logits row is computed: see [`LOGIT_ROWS`]).
@@ -346,16 +347,13 @@ impl GpuBackend {
         driver.hc_mix(rec, &layer.attn_hc, cols)?;
         match &layer.mixer {
             MixerGpu::Gdn(g) => {
-                let d = &cfg.gdn;
                 driver.gdn_project(rec, g, cols)?;
-                for_each_member(rec, members, |rec, m, s| {
-                    m.copy_in(rec, &bs.mixed, &s.mixed, d.conv_channels())?;
-                    m.copy_in(rec, &bs.z, &s.z, d.value_dim())?;
-                    m.copy_in(rec, &bs.beta_alpha, &s.beta_alpha, 2 * d.n_v_heads)?;
-                    m.seq
-                        .gdn_core(rec, g, m.state(index)?, m.tokens.len(), true)?;
-                    m.copy_out(rec, &s.gdn_normed, &bs.gdn_normed, d.value_dim())
+                // Each member's conv and recurrence on its own columns of the batch's buffers.
+                for_each_member(rec, members, |rec, m, _| {
+                    let span = Span::new(m.col, m.tokens.len());
+                    m.seq.gdn_recur(rec, g, m.state(index)?, bs, span, true)
                 })?;
+                driver.gdn_norm_apart(rec, g, cols)?;
                 driver.gdn_out(rec, g, cols)
             }
             MixerGpu::Qsa(q) => {

@@ -80,8 +80,9 @@ impl GpuSequence {
         t: usize,
     ) -> Result<(), EngineError> {
         let b = &self.backend;
+        let m = &b.config.moe;
         match (&layer.moe.experts, &b.tier) {
-            (Some(e), _) if t >= GROUPED_MIN_TOKENS => self
+            (Some(e), _) if grouped_experts(t, m.n_expert_used, m.n_expert) => self
                 .moe_experts_grouped(rec, e, index, t)
                 .map_err(gpu_err)?,
             (Some(e), _) => {

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::gpu::kernels::ConvStore;
+use crate::gpu::ops::Span;
 
 impl GpuSequence {
     pub(super) fn gdn(
@@ -72,25 +73,42 @@ impl GpuSequence {
         t: usize,
         conv: bool,
     ) -> Result<(), GpuError> {
+        self.gdn_recur(rec, w, state, &self.scratch, Span::from(t), conv)?;
+        self.gdn_norm_apart(rec, w, t)
+    }
+
+    /// The conv (when `conv`) and the recurrence of the tokens in columns `span` of `s`'s
+    /// projections, with this sequence's state: `s.gdn_normed` at those columns, or, for value
+    /// heads too wide for the fused norm, `s.recurrent_out` (then [`gdn_norm_apart`] follows).
+    ///
+    /// [`gdn_norm_apart`]: Self::gdn_norm_apart
+    pub(super) fn gdn_recur(
+        &self,
+        rec: &mut Recorder,
+        w: &GdnGpu,
+        state: &LayerState,
+        s: &Scratch,
+        span: Span,
+        conv: bool,
+    ) -> Result<(), GpuError> {
         let LayerState::Gdn { conv: history, ssm } = state else {
             return Err(GpuError::BadArgs("GDN layer with attention state".into()));
         };
         let b = &self.backend;
         let c = &*b.ctx;
-        let s = &self.scratch;
         let cfg = &b.config;
-        let g = &cfg.gdn;
-        let nv = g.n_v_heads;
-        let shape = GdnShape {
-            channels: g.conv_channels(),
-            kernel: g.conv_kernel,
-            n_k_heads: g.n_k_heads,
-            n_v_heads: nv,
-            dk: g.head_k_dim,
-            dv: g.head_v_dim,
-        };
+        let shape = gdn_shape(cfg);
         if conv {
-            ops::gdn_conv(c, rec, &shape, &s.mixed, &w.conv, history, &s.conv_out, t)?;
+            ops::gdn_conv(
+                c,
+                rec,
+                &shape,
+                &s.mixed,
+                &w.conv,
+                history,
+                &s.conv_out,
+                span,
+            )?;
         }
         let inputs = ops::GdnInputs {
             qkv: &s.conv_out,
@@ -98,30 +116,45 @@ impl GpuSequence {
             gate_params: &w.gate_params,
             state: ssm,
         };
-        if g.head_v_dim <= ops::GDN_NORM_MAX_DV {
+        if fused_norm(cfg) {
             // The gated norm in the recurrence's dispatch (a workgroup per value head).
             let norm = ops::GatedNorm {
                 z: &s.z,
                 weight: &w.norm,
                 eps: cfg.rms_eps,
             };
-            ops::gdn_recurrence_norm(c, rec, &shape, inputs, norm, &s.gdn_normed, t)?;
+            ops::gdn_recurrence_norm(c, rec, &shape, inputs, norm, &s.gdn_normed, span)
         } else {
-            ops::gdn_recurrence(c, rec, &shape, inputs, &s.recurrent_out, t)?;
-            let per_head = Groups::packed(g.head_v_dim, nv);
-            ops::rmsnorm_gated(
-                c,
-                rec,
-                &self.norm_spec(Some((&w.norm, g.head_v_dim))),
-                &s.recurrent_out,
-                &s.z,
-                per_head,
-                &s.gdn_normed,
-                per_head,
-                t,
-            )?;
+            ops::gdn_recurrence(c, rec, &shape, inputs, &s.recurrent_out, span)
         }
-        Ok(())
+    }
+
+    /// The gated norm of `t` tokens' `recurrent_out` into `gdn_normed` (token-wise), for value
+    /// heads too wide for the recurrence's fused norm; nothing otherwise.
+    pub(super) fn gdn_norm_apart(
+        &self,
+        rec: &mut Recorder,
+        w: &GdnGpu,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let b = &self.backend;
+        let g = &b.config.gdn;
+        if fused_norm(&b.config) {
+            return Ok(());
+        }
+        let s = &self.scratch;
+        let per_head = Groups::packed(g.head_v_dim, g.n_v_heads);
+        ops::rmsnorm_gated(
+            &b.ctx,
+            rec,
+            &self.norm_spec(Some((&w.norm, g.head_v_dim))),
+            &s.recurrent_out,
+            &s.z,
+            per_head,
+            &s.gdn_normed,
+            per_head,
+            t,
+        )
     }
 
     /// The output projection of `t` tokens' `gdn_normed`, added into the wide residual.
@@ -149,4 +182,22 @@ impl GpuSequence {
         };
         kernels::matvec_with(&b.ctx, rec, w, x, XForm::Plain, store, t)
     }
+}
+
+/// The GDN kernels' shape for `cfg`.
+fn gdn_shape(cfg: &crate::model::config::Config) -> GdnShape {
+    let g = &cfg.gdn;
+    GdnShape {
+        channels: g.conv_channels(),
+        kernel: g.conv_kernel,
+        n_k_heads: g.n_k_heads,
+        n_v_heads: g.n_v_heads,
+        dk: g.head_k_dim,
+        dv: g.head_v_dim,
+    }
+}
+
+/// Whether the gated norm runs in the recurrence's dispatch (value heads that fit a workgroup).
+fn fused_norm(cfg: &crate::model::config::Config) -> bool {
+    cfg.gdn.head_v_dim <= ops::GDN_NORM_MAX_DV
 }
