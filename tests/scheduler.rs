@@ -4,7 +4,7 @@
 //! log-probabilities are the log-softmax of the model's raw logits.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ fn run(
         ..SchedulerConfig::default()
     };
     let stats = Arc::new(SchedulerStats::default());
-    let scheduler = Scheduler::start(backend.clone(), config, stats).expect("scheduler");
+    let scheduler = Scheduler::start(backend.clone(), config, stats.clone()).expect("scheduler");
     let (sender, receiver) = mpsc::channel();
     for (i, r) in requests.iter().enumerate() {
         let sender = sender.clone();
@@ -90,6 +90,10 @@ fn run(
             .expect("a result");
         outputs[i] = Some(result.expect("generation"));
     }
+    // What /metrics reports: the backend's batched passes, as of the last round.
+    let (passes, steps) = backend.batched_passes();
+    assert_eq!(stats.batched_passes.load(Ordering::Relaxed), passes);
+    assert_eq!(stats.batched_steps.load(Ordering::Relaxed), steps);
     outputs
         .into_iter()
         .map(|o| o.expect("every output"))

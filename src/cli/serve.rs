@@ -9,7 +9,7 @@ use anyhow::Context as _;
 
 use crate::cli::load::{ModelArgs, load_backend_with, open_gguf};
 use crate::server::webui::{WebUi, serve_app};
-use crate::server::{AppState, DEFAULT_PARALLEL, DEFAULT_QUEUE, LoadedModel, ServerConfig};
+use crate::server::{AppState, DEFAULT_QUEUE, LoadedModel, ServerConfig};
 use crate::tiers::parse_size;
 
 #[derive(clap::Args, Debug)]
@@ -35,8 +35,9 @@ pub struct Args {
     pub open: bool,
     /// Requests generating concurrently, advanced one step each per round (on the GPU their
     /// decode steps share one forward pass); each one's output is the same as if it ran alone.
-    #[arg(long, default_value_t = DEFAULT_PARALLEL as u16, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub parallel: u16,
+    /// Default: 8 on the GPU with every expert in VRAM, else 4.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub parallel: Option<u16>,
     /// Memory the prompt cache may hold, e.g. 4GiB, 512MiB (0 turns it off). Cached
     /// conversations are whole sequence states (VRAM on the GPU: a KV cache for the whole context
     /// and the recurrent state), least recently used evicted first; `strata inspect --plan` does
@@ -64,7 +65,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let state = AppState::new(ServerConfig {
         api_key: args.api_key.clone(),
         queue_capacity: args.queue,
-        parallel: usize::from(args.parallel),
+        // 0: the loaded backend's default.
+        parallel: args.parallel.map_or(0, usize::from),
         prompt_cache_bytes: usize::try_from(args.prompt_cache_size).unwrap_or(usize::MAX),
     });
     match &args.model.model {
@@ -91,8 +93,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let model_args = args.model.clone();
     tokio::task::spawn_blocking(move || match load(&model_args) {
         Ok(model) => {
+            let parallel = args
+                .parallel
+                .map_or_else(|| model.default_parallel(), usize::from);
             eprintln!(
-                "strata: model {} ready (context {} tokens)",
+                "strata: model {} ready (context {} tokens, {parallel} requests generate together: --parallel)",
                 model.name, model.context_length
             );
             loader_state.set_model(model);

@@ -54,6 +54,17 @@ pub trait Backend: Send + Sync {
     fn feed_many(&self, batch: &mut [FeedItem<'_>]) -> Vec<Result<Fed, EngineError>> {
         batch.iter_mut().map(FeedItem::feed).collect()
     }
+    /// Batched passes run since load, and the sequence steps they carried together (several
+    /// sequences of a [`Self::feed_many`] sharing one forward pass); (0, 0) for a backend that
+    /// never batches.
+    fn batched_passes(&self) -> (usize, usize) {
+        (0, 0)
+    }
+    /// How many requests a server should advance together on this backend by default
+    /// ([`scheduler::DEFAULT_PARALLEL`] unless the backend knows better).
+    fn default_parallel(&self) -> usize {
+        scheduler::DEFAULT_PARALLEL
+    }
 }
 
 /// One sequence's share of a [`Backend::feed_many`] call.

@@ -61,6 +61,9 @@ pub struct SchedulerStats {
     /// Prompt-cache entries and the bytes their sequences hold.
     pub cache_entries: AtomicUsize,
     pub cache_bytes: AtomicUsize,
+    /// The backend's batched passes and the steps they carried ([`Backend::batched_passes`]).
+    pub batched_passes: AtomicUsize,
+    pub batched_steps: AtomicUsize,
 }
 
 pub type EventSink = Box<dyn FnMut(GenEvent) + Send>;
@@ -267,6 +270,9 @@ impl EngineLoop {
         }
         self.retire_finished();
         self.stats.rounds.fetch_add(1, Ordering::Relaxed);
+        let (passes, steps) = self.backend.batched_passes();
+        self.stats.batched_passes.store(passes, Ordering::Relaxed);
+        self.stats.batched_steps.store(steps, Ordering::Relaxed);
     }
 
     /// Report finished generations and free their slots (order of admission is kept).

@@ -139,6 +139,18 @@ impl Metrics {
             "Memory held by the prompt cache's sequences (VRAM on the GPU).",
             load(&scheduler.cache_bytes),
         );
+        counter(
+            &mut out,
+            "strata_batched_passes_total",
+            "Forward passes that advanced several requests at once (GPU backend).",
+            load(&scheduler.batched_passes) as u64,
+        );
+        counter(
+            &mut out,
+            "strata_batched_steps_total",
+            "Request steps carried by those shared passes.",
+            load(&scheduler.batched_steps) as u64,
+        );
         gauge(
             &mut out,
             "strata_prefill_tokens_remaining",

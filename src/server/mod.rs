@@ -53,7 +53,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Requests allowed to wait while `parallel` generate; more are refused with 503.
     pub queue_capacity: usize,
-    /// Requests generating concurrently (interleaved step by step).
+    /// Requests generating concurrently (advanced step by step together); 0: the backend's
+    /// default ([`crate::engine::Backend::default_parallel`]).
     pub parallel: usize,
     /// Bytes the prompt cache's sequences may hold together (0 turns the cache off).
     pub prompt_cache_bytes: usize,
@@ -64,7 +65,7 @@ impl Default for ServerConfig {
         ServerConfig {
             api_key: None,
             queue_capacity: DEFAULT_QUEUE,
-            parallel: DEFAULT_PARALLEL,
+            parallel: 0,
             prompt_cache_bytes: crate::engine::cache::DEFAULT_CACHE_BYTES,
         }
     }
@@ -89,6 +90,11 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
+    /// Requests its backend advances together by default (`--parallel` unset).
+    pub fn default_parallel(&self) -> usize {
+        self.backend.default_parallel()
+    }
+
     pub fn new(
         name: impl Into<String>,
         backend: Arc<dyn Backend>,
@@ -183,10 +189,14 @@ impl AppState {
     /// Serve `model`: starts its scheduler with this server's `parallel` and queue settings.
     pub fn set_model(&self, mut model: LoadedModel) {
         let config = &self.shared.config;
+        let parallel = match config.parallel {
+            0 => model.default_parallel().max(1),
+            n => n,
+        };
         let scheduler_config = SchedulerConfig {
-            parallel: config.parallel.max(1),
+            parallel,
             queue: config.queue_capacity,
-            cache_entries: crate::engine::cache::ENTRIES_PER_SLOT * config.parallel.max(1),
+            cache_entries: crate::engine::cache::ENTRIES_PER_SLOT * parallel,
             cache_bytes: config.prompt_cache_bytes,
         };
         let stats = self.metrics().scheduler.clone();

@@ -82,9 +82,10 @@ impl GpuSequence {
         let b = &self.backend;
         let m = &b.config.moe;
         match (&layer.moe.experts, &b.tier) {
-            (Some(e), _) if grouped_experts(t, m.n_expert_used, m.n_expert) => self
-                .moe_experts_grouped(rec, e, index, t)
-                .map_err(gpu_err)?,
+            (Some(e), _) if grouped_experts(t, m.n_expert_used, m.n_expert, b.pinned.is_some()) => {
+                self.moe_experts_grouped(rec, e, index, t)
+                    .map_err(gpu_err)?
+            }
             (Some(e), _) => {
                 if self
                     .moe_resident_block(rec, &layer.moe, e, t)
