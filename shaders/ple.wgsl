@@ -3,7 +3,9 @@
 //   ple_gate: per token and stream s: a = <KN_s, QN_s>/sqrt(h); g = sigmoid(signed_sqrt(a));
 //             P[t, s*h+i] = g * V[t*h+i]
 //   ple_conv: per channel c, tokens in order: dilated causal conv of N over [history, chunk],
-//             X[t, c] += P[t, c] + silu(conv); then the history keeps the last rows of N.
+//             X[t, c] += P[t, c] + silu(conv); then the history keeps the last rows of N. The
+//             chunk's tokens are columns first .. first + tokens of N, P and X (a batch member
+//             starts past column 0).
 
 struct Params {
     tokens: u32,
@@ -12,6 +14,7 @@ struct Params {
     kernel: u32,
     dilation: u32,
     pos0: u32,        // absolute position of the chunk's first token
+    first: u32,       // ple_conv: the chunk buffers' column of the first token (ple_gate: 0)
 }
 
 var<immediate> p: Params;
@@ -81,12 +84,13 @@ fn ple_conv(@builtin(global_invocation_id) id: vec3<u32>) {
                 if (idx < hist) {
                     v = HIST[idx * wide + c];
                 } else {
-                    v = N[(idx - hist) * wide + c];
+                    v = N[(p.first + idx - hist) * wide + c];
                 }
             }
             acc += CW[c * p.kernel + k] * v;
         }
-        X[t * wide + c] += PR[t * wide + c] + silu(acc);
+        let at = (p.first + t) * wide + c;
+        X[at] += PR[at] + silu(acc);
     }
     for (var r = 0u; r < hist; r++) {
         let idx = p.tokens + r;
@@ -94,7 +98,7 @@ fn ple_conv(@builtin(global_invocation_id) id: vec3<u32>) {
         if (idx < hist) {
             v = HIST[idx * wide + c];
         } else {
-            v = N[(idx - hist) * wide + c];
+            v = N[(p.first + idx - hist) * wide + c];
         }
         HIST[r * wide + c] = v;
     }

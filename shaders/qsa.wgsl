@@ -11,6 +11,11 @@
 //   kv_pack:    `--kv f16`: a chunk's keys or values (f32, normed and rotated) rounded into the
 //               f16 cache, two per word in a flat array over the tokens (KV_MODE 1 reads them);
 //   kv_pack_q8: `--kv q8_0`: the same in blocks of 32 as ggml's q8_0 (KV_MODE 2).
+//   kv_store:   a batch member's keys, values and raw index keys (f32) from its columns of the
+//               batch's stage buffers into its caches at its positions (bits moved).
+// The chunk's tokens are columns first .. first + tokens of the buffers that hold a row per
+// token (the queries, index queries and the attention output; a batch member starts past column
+// 0); the scores, selections and partials are the sequence's own, from row 0.
 
 struct Params {
     tokens: u32,
@@ -29,6 +34,9 @@ struct Params {
     max_blocks: u32,
     dense: u32,
     scale: f32,
+    // The chunk buffers' column of the first token (kv_pack, kv_pack_q8: the stage's first
+    // value).
+    first: u32,
 }
 
 var<immediate> p: Params;
@@ -69,7 +77,7 @@ fn block_score(t: u32, b: u32) -> f32 {
     var total = 0.0;
     let kb = b * p.idim;
     for (var h = 0u; h < p.heads; h++) {
-        let qb = t * p.heads * p.idim + h * p.idim;
+        let qb = (p.first + t) * p.heads * p.idim + h * p.idim;
         var d = 0.0;
         var i = 0u;
         for (; i + 8u <= p.idim; i += 8u) {
@@ -401,7 +409,7 @@ fn qsa_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     let nk = min(ATT_CHUNK, n_keys - j0);
     let kvh = h / (p.heads / p.n_kv);
     let kv_width = p.n_kv * p.hd;
-    let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
+    let q0 = (p.first + t) * p.heads * 2u * p.hd + h * 2u * p.hd;
     if (lid.x < nk) {
         kpos[lid.x] = key_position(t, j0 + lid.x, pos);
     }
@@ -593,7 +601,7 @@ fn qsa_attend_group(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let kvh = h0 / (p.heads / p.n_kv);
     let kv_width = p.n_kv * p.hd;
     // Head h0 + g's query starts at q0 + g * qg.
-    let q0 = t * p.heads * 2u * p.hd + h0 * 2u * p.hd;
+    let q0 = (p.first + t) * p.heads * 2u * p.hd + h0 * 2u * p.hd;
     let qg = 2u * p.hd;
     if (lid.x < nk) {
         kpos[lid.x] = key_position(t, j0 + lid.x, pos);
@@ -731,7 +739,7 @@ fn qsa_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
         let o = base + c * (p.hd + 2u);
         total = fma(PART[o + 1u], exp(PART[o] - mx), total);
     }
-    let q0 = t * p.heads * 2u * p.hd + h * 2u * p.hd;
+    let q0 = (p.first + t) * p.heads * 2u * p.hd + h * 2u * p.hd;
     for (var i = lid.x; i < p.hd; i += ATT_WG) {
         var acc = 0.0;
         for (var c = 0u; c < chunks; c++) {
@@ -739,14 +747,14 @@ fn qsa_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
             acc = fma(PART[o + 2u + i], exp(PART[o] - mx), acc);
         }
         let gate = 1.0 / (1.0 + exp(-Q[q0 + p.hd + i]));
-        OUT[t * p.heads * p.hd + h * p.hd + i] = acc / total * gate;
+        OUT[(p.first + t) * p.heads * p.hd + h * p.hd + i] = acc / total * gate;
     }
 }
 
 // `--kv f16`: elements p.off .. p.off + p.row_stride of the flat f16 cache KVP from KVS (f32, in
-// order), one invocation per word: a word's half before p.off keeps its value (the token before
-// the chunk), a half past the chunk is 0 until its token comes. Each value is rounded once, the
-// same whatever the chunk.
+// order from value p.first), one invocation per word: a word's half before p.off keeps its value
+// (the token before the chunk), a half past the chunk is 0 until its token comes. Each value is
+// rounded once, the same whatever the chunk.
 @group(0) @binding(12) var<storage, read> KVS: array<f32>;
 @group(0) @binding(13) var<storage, read_write> KVP: array<u32>;
 
@@ -763,15 +771,16 @@ fn kv_pack(@builtin(global_invocation_id) id: vec3<u32>) {
     if (2u * w < first) {
         v.x = old.x;
     } else {
-        v.x = KVS[2u * w - first];
+        v.x = KVS[p.first + 2u * w - first];
     }
     if (2u * w + 1u < end) {
-        v.y = KVS[2u * w + 1u - first];
+        v.y = KVS[p.first + 2u * w + 1u - first];
     }
     KVP[w] = pack2x16float(v);
 }
 
-// `--kv q8_0`: blocks p.off / 32 .. of the cache from KVS (p.row_stride values, whole blocks), one
+// `--kv q8_0`: blocks p.off / 32 .. of the cache from KVS (p.row_stride values from value p.first,
+// whole blocks), one
 // invocation per block: d = amax / 127, the values times 1 / d rounded to integers (ties to
 // even), d stored as f16; the arithmetic of the CPU reference's KvType::store_row.
 @compute @workgroup_size(64)
@@ -779,7 +788,7 @@ fn kv_pack_q8(@builtin(global_invocation_id) id: vec3<u32>) {
     if (32u * id.x >= p.row_stride) {
         return;
     }
-    let src = 32u * id.x;
+    let src = p.first + 32u * id.x;
     var amax = 0.0;
     for (var j = 0u; j < 32u; j++) {
         amax = max(amax, abs(KVS[src + j]));
@@ -799,4 +808,39 @@ fn kv_pack_q8(@builtin(global_invocation_id) id: vec3<u32>) {
         KVP[out + w] = word;
     }
     KVP[out + 8u] = pack2x16float(vec2<f32>(d, 0.0));
+}
+
+// A batch member's new rows into its f32 caches: grid (values / 64, tokens, sets); set 0 the keys
+// (KS to KD), 1 the values (VS to VD), 2 the raw index keys (IS to ID); p.row_stride values per
+// key or value row, p.idim per index key row. Token t's row is column p.first + t of a stage and
+// position p.pos0 + t of a cache. Words are copied as they are (no float arithmetic).
+@group(0) @binding(14) var<storage, read> KS: array<u32>;
+@group(0) @binding(15) var<storage, read> VS: array<u32>;
+@group(0) @binding(16) var<storage, read> IS: array<u32>;
+@group(0) @binding(17) var<storage, read_write> KD: array<u32>;
+@group(0) @binding(18) var<storage, read_write> VD: array<u32>;
+@group(0) @binding(19) var<storage, read_write> ID: array<u32>;
+
+@compute @workgroup_size(64)
+fn kv_store(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    let t = id.y;
+    let which = id.z;
+    let width = select(p.row_stride, p.idim, which == 2u);
+    if (i >= width || t >= p.tokens) {
+        return;
+    }
+    let src = (p.first + t) * width + i;
+    let dst = (p.pos0 + t) * width + i;
+    switch which {
+        case 0u: {
+            KD[dst] = KS[src];
+        }
+        case 1u: {
+            VD[dst] = VS[src];
+        }
+        default: {
+            ID[dst] = IS[src];
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Several sequences in one GPU pass (`Backend::feed_many`): every sequence's rows and sampling
 //! candidates are bit-identical to the same tokens fed alone, with decode steps, short chunks
 //! and long chunks (which run alone) mixed in one call, through the tiny model's GDN, QSA
-//! (past its selection budget), indexer and PLE layers, with f32 and f16 KV caches and with
+//! (past its selection budget), indexer and PLE layers, with f32, f16 and q8_0 KV caches and with
 //! pinned experts (hot copies promoted between passes).
 //! Without an adapter the test fails when `CI` is set and is skipped otherwise.
 
@@ -163,6 +163,13 @@ fn batched_sequences_equal_sequences_fed_alone() {
 fn batched_sequences_with_f16_caches_equal_sequences_fed_alone() {
     let Some(ctx) = context() else { return };
     check("f16 KV", &load(&ctx, &with_kv(KvType::F16)));
+}
+
+/// A q8_0 cache packs whole blocks from a member's columns of the batch's stage buffers.
+#[test]
+fn batched_sequences_with_q8_0_caches_equal_sequences_fed_alone() {
+    let Some(ctx) = context() else { return };
+    check("q8_0 KV", &load(&ctx, &with_kv(KvType::Q8_0)));
 }
 
 /// Pinned experts (the 12 GB plan) batch too: the pass's routing goes to the hot copies or the

@@ -310,6 +310,9 @@ fn all_op_shaders_build() {
                 "qsa_attend",
                 "qsa_attend_group",
                 "qsa_merge",
+                "kv_pack",
+                "kv_pack_q8",
+                "kv_store",
             ],
         ),
         (
@@ -1435,6 +1438,214 @@ fn grouped_heads_case(ctx: &GpuContext, heads: usize, n_kv: usize, hd: usize) {
     }
 }
 
+/// `v` (`width` values per token) after `first` columns of other values: a batch member's columns
+/// of the batch's buffers.
+fn at_column(v: &[f32], width: usize, first: usize, seed: u64) -> Vec<f32> {
+    let mut padded = random_vec(first * width, seed);
+    padded.extend_from_slice(v);
+    padded
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The QSA kernels run from a batch member's columns (`QsaParams::first` 2 and 5: the index
+/// queries of the block selection, the queries and output of attention) give the bits they give
+/// from column 0, and leave the other columns as they were: dense attention and attention over a
+/// selection, a decode step and chunks, one query head per workgroup and grouped heads.
+#[test]
+fn qsa_kernels_from_a_column_offset_give_the_bits_of_column_0() {
+    let Some(ctx) = context() else { return };
+    let (ratio, budget, idim, nih) = (4usize, 3usize, 8usize, 2usize);
+    let pos0 = 20usize;
+    for (heads, n_kv, hd) in [(8usize, 2usize, 16usize), (4, 4, 18)] {
+        for tokens in [1usize, 6, 9] {
+            for dense in [false, true] {
+                let what = format!("{heads} heads of {hd}, {tokens} tokens, dense {dense}");
+                let positions = pos0 + tokens;
+                let blocks = positions / ratio;
+                let max_blocks = blocks + 1;
+                let block_keys = random_vec(blocks * idim, 91);
+                let iq = random_vec(tokens * nih * idim, 92);
+                let keys = random_vec(positions * n_kv * hd, 93);
+                let values = random_vec(positions * n_kv * hd, 94);
+                let queries: Vec<f32> = random_vec(tokens * heads * 2 * hd, 95)
+                    .iter()
+                    .map(|v| v * 3.0)
+                    .collect();
+                let (bkb, kb, vb) = (
+                    upload(&ctx, &block_keys),
+                    upload(&ctx, &keys),
+                    upload(&ctx, &values),
+                );
+                let row = heads * hd;
+                let run = |first: usize| -> (Vec<u32>, Vec<f32>) {
+                    let iqb = upload(&ctx, &at_column(&iq, nih * idim, first, 96));
+                    let qb = upload(&ctx, &at_column(&queries, heads * 2 * hd, first, 97));
+                    let before = at_column(&vec![0.0; tokens * row], row, first, 98);
+                    let out = upload(&ctx, &before);
+                    let scores =
+                        GpuBuf::zeros(&ctx, "scores", tokens * 2 * max_blocks).expect("scores");
+                    let sel = GpuBuf::zeros(&ctx, "sel", tokens * (budget + 1)).expect("sel");
+                    let parts =
+                        GpuBuf::zeros(&ctx, "parts", gops::qsa_partials_len(tokens, heads, hd))
+                            .expect("parts");
+                    let mut attend = QsaParams {
+                        first: first as u32,
+                        tokens: tokens as u32,
+                        pos0: pos0 as u32,
+                        heads: heads as u32,
+                        n_kv: n_kv as u32,
+                        hd: hd as u32,
+                        ratio: 1,
+                        dense: 1,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        ..Default::default()
+                    };
+                    let mut rec = Recorder::new();
+                    if !dense {
+                        let select = QsaParams {
+                            first: first as u32,
+                            tokens: tokens as u32,
+                            pos0: pos0 as u32,
+                            heads: nih as u32,
+                            ratio: ratio as u32,
+                            budget: budget as u32,
+                            idim: idim as u32,
+                            max_blocks: max_blocks as u32,
+                            scale: 1.0 / (idim as f32).sqrt(),
+                            ..Default::default()
+                        };
+                        gops::qsa_select(&ctx, &mut rec, &select, &iqb, &bkb, &scores, &sel)
+                            .expect("select");
+                        attend.ratio = ratio as u32;
+                        attend.budget = budget as u32;
+                        attend.dense = 0;
+                    }
+                    gops::qsa_attend(
+                        &ctx,
+                        &mut rec,
+                        &attend,
+                        &qb,
+                        &kb,
+                        &vb,
+                        &sel,
+                        &parts,
+                        &out,
+                        KvType::F32,
+                    )
+                    .expect("attend");
+                    rec.run(&ctx).expect("run");
+                    let selected = sel.read_u32(&ctx, 0, tokens * (budget + 1)).expect("sel");
+                    let got = download(&ctx, &out, (first + tokens) * row);
+                    assert_eq!(
+                        bits(&got[..first * row]),
+                        bits(&before[..first * row]),
+                        "{what}: columns before {first} changed"
+                    );
+                    (selected, got[first * row..].to_vec())
+                };
+                let (sel0, out0) = run(0);
+                assert!(out0.iter().all(|v| v.is_finite()), "{what}: non-finite");
+                for first in [2usize, 5] {
+                    let (sel, out) = run(first);
+                    assert_eq!(sel, sel0, "{what}: selection from column {first}");
+                    assert_eq!(
+                        bits(&out),
+                        bits(&out0),
+                        "{what}: attention from column {first}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A batch member's keys and values into its caches: `kv_pack_from` (f16 and q8_0) reading the
+/// member's columns of a stage gives the cache words `kv_pack` gives from the start of one, and
+/// `kv_store` (f32 caches) moves the words of the member's key, value and raw index key columns
+/// to its positions exactly (NaN payloads included), leaving the other positions (and, with no
+/// index keys, the index cache) as they were.
+#[test]
+fn kv_pack_and_store_from_a_column_offset() {
+    let Some(ctx) = context() else { return };
+    let (width, tokens, pos0, first) = (32usize, 3usize, 5usize, 4usize);
+    let stage = random_vec(tokens * width, 101);
+    for kv in [KvType::F16, KvType::Q8_0] {
+        let words = kv.cache_bytes((pos0 + tokens) * width) / 4;
+        let pack = |buf: &GpuBuf, from: usize| {
+            let cache = GpuBuf::from_u32(&ctx, "cache", &vec![0x3c00_3c00; words]).expect("cache");
+            let mut rec = Recorder::new();
+            gops::kv_pack_from(
+                &ctx,
+                &mut rec,
+                kv,
+                (buf, from),
+                &cache,
+                pos0 * width,
+                tokens * width,
+            )
+            .expect("pack");
+            rec.run(&ctx).expect("run");
+            cache.read_u32(&ctx, 0, words).expect("read")
+        };
+        let alone = pack(&upload(&ctx, &stage), 0);
+        let padded = upload(&ctx, &at_column(&stage, width, first, 102));
+        assert_eq!(pack(&padded, first * width), alone, "{kv:?} pack");
+    }
+    let idim = 8usize;
+    // Stage words: random values, with a quiet and a signalling NaN payload among them.
+    let stage_words = |n: usize, seed: u64| -> Vec<u32> {
+        let mut w = bits(&random_vec(n, seed));
+        w[1] = 0x7fc1_2345;
+        w[n - 2] = 0x7f80_0001;
+        w
+    };
+    for indexed in [true, false] {
+        let n = (first + tokens) * width;
+        let (ks, vs) = (stage_words(n, 103), stage_words(n, 104));
+        let is = stage_words((first + tokens) * idim, 105);
+        let cache = |n: usize, seed: u64| bits(&random_vec(n, seed));
+        let (kc, vc, ic) = (
+            cache((pos0 + tokens + 2) * width, 106),
+            cache((pos0 + tokens + 2) * width, 107),
+            cache((pos0 + tokens + 2) * idim, 108),
+        );
+        let buf = |w: &[u32]| GpuBuf::from_u32(&ctx, "kv", w).expect("upload");
+        let (ksb, vsb, isb, kcb, vcb, icb) =
+            (buf(&ks), buf(&vs), buf(&is), buf(&kc), buf(&vc), buf(&ic));
+        let rows = |stage, cache| gops::StageRows { stage, cache };
+        let mut rec = Recorder::new();
+        gops::kv_store(
+            &ctx,
+            &mut rec,
+            [rows(&ksb, &kcb), rows(&vsb, &vcb)],
+            rows(&isb, &icb),
+            width,
+            if indexed { idim } else { 0 },
+            gops::Span::new(first, tokens),
+            pos0,
+        )
+        .expect("store");
+        rec.run(&ctx).expect("run");
+        let sets = [
+            (&ks, &kc, &kcb, width, true),
+            (&vs, &vc, &vcb, width, true),
+            (&is, &ic, &icb, idim, indexed),
+        ];
+        for (i, (stage, before, got, w, stored)) in sets.into_iter().enumerate() {
+            let mut want = before.clone();
+            if stored {
+                want[pos0 * w..(pos0 + tokens) * w]
+                    .copy_from_slice(&stage[first * w..(first + tokens) * w]);
+            }
+            let got = got.read_u32(&ctx, 0, want.len()).expect("read");
+            assert_eq!(got, want, "kv_store set {i}, indexed {indexed}");
+        }
+    }
+}
+
 /// Hyper-connection mixing and combination against the formulas of `model::hyper_connection`
 /// (1e-6 relative).
 #[test]
@@ -1566,6 +1777,61 @@ fn ple_gate_and_conv_match_cpu() {
         }
     }
     close(&got, &want, 1e-5, "ple conv across chunks");
+}
+
+/// The PLE conv run from a batch member's columns (2 and 5) of its inputs and residual, over two
+/// chunks with the history carried between them, gives the bits (residual and history) it gives
+/// from column 0, and leaves the other columns of the residual as they were.
+#[test]
+fn ple_conv_from_a_column_offset_gives_the_bits_of_column_0() {
+    let Some(ctx) = context() else { return };
+    let shape = gops::PleShape {
+        h: 32,
+        hc: 4,
+        kernel: 4,
+        dilation: 3,
+    };
+    let wide = shape.h * shape.hc;
+    let tokens = 11;
+    let n = random_vec(tokens * wide, 111);
+    let gated = random_vec(tokens * wide, 112);
+    let residual = random_vec(tokens * wide, 113);
+    let cwb = upload(&ctx, &random_vec(wide * 4, 114));
+    let run = |first: usize| -> (Vec<u32>, Vec<u32>) {
+        let hist = GpuBuf::zeros(&ctx, "hist", 9 * wide).expect("hist");
+        let mut got = Vec::new();
+        for (t0, count) in [(0usize, 5usize), (5, 6)] {
+            let part =
+                |v: &[f32], seed| at_column(&v[t0 * wide..(t0 + count) * wide], wide, first, seed);
+            let (nbc, pc) = (
+                upload(&ctx, &part(&n, 115)),
+                upload(&ctx, &part(&gated, 116)),
+            );
+            let before = part(&residual, 117);
+            let xc = upload(&ctx, &before);
+            let mut rec = Recorder::new();
+            let span = gops::Span::new(first, count);
+            gops::ple_conv(
+                &ctx, &mut rec, &shape, &nbc, &pc, &cwb, &hist, &xc, span, t0,
+            )
+            .expect("conv");
+            rec.run(&ctx).expect("run");
+            let x = download(&ctx, &xc, (first + count) * wide);
+            assert_eq!(
+                bits(&x[..first * wide]),
+                bits(&before[..first * wide]),
+                "columns before {first} changed"
+            );
+            got.extend(bits(&x[first * wide..]));
+        }
+        (got, bits(&download(&ctx, &hist, 9 * wide)))
+    };
+    let (x0, hist0) = run(0);
+    for first in [2usize, 5] {
+        let (x, hist) = run(first);
+        assert_eq!(x, x0, "PLE conv residual from column {first}");
+        assert_eq!(hist, hist0, "PLE conv history from column {first}");
+    }
 }
 
 /// Expert mat-vec reading expert ids from a GPU buffer (weights split into parts of whole

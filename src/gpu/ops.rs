@@ -673,14 +673,15 @@ pub struct PleShape {
 }
 
 impl PleShape {
-    fn params(&self, tokens: usize, pos0: usize) -> Result<Vec<u8>, GpuError> {
+    fn params(&self, tokens: Span, pos0: usize) -> Result<Vec<u8>, GpuError> {
         Ok(words(&[
-            u(tokens)?,
+            u(tokens.count)?,
             u(self.h)?,
             u(self.hc)?,
             u(self.kernel)?,
             u(self.dilation)?,
             u(pos0)?,
+            u(tokens.first)?,
         ]))
     }
 }
@@ -711,12 +712,13 @@ pub fn ple_gate(
             (2, &*value.buffer),
             (3, &*gated.buffer),
         ],
-        &shape.params(tokens, 0)?,
+        &shape.params(Span::from(tokens), 0)?,
         [u(shape.hc)?, u(tokens)?, 1],
     )
 }
 
-/// wide += P + silu(dilated conv of N), advancing the history.
+/// wide += P + silu(dilated conv of N), advancing the history: the tokens at columns `tokens` of
+/// `normed` (N), `gated` (P) and `wide`, the first at position `pos0`.
 #[allow(clippy::too_many_arguments)]
 pub fn ple_conv(
     ctx: &GpuContext,
@@ -727,16 +729,18 @@ pub fn ple_conv(
     conv_weight: &GpuBuf,
     history: &GpuBuf,
     wide: &GpuBuf,
-    tokens: usize,
+    tokens: impl Into<Span>,
     pos0: usize,
 ) -> Result<(), GpuError> {
+    let tokens = tokens.into();
     let width = shape.h * shape.hc;
     let hist = (shape.kernel.max(1) - 1) * shape.dilation;
-    need(normed, tokens * width, "ple normed")?;
-    need(gated, tokens * width, "ple gated")?;
+    let end = tokens.end();
+    need(normed, end * width, "ple normed")?;
+    need(gated, end * width, "ple gated")?;
     need(conv_weight, width * shape.kernel, "ple conv weight")?;
     need(history, hist.max(1) * width, "ple history")?;
-    need(wide, tokens * width, "ple residual")?;
+    need(wide, end * width, "ple residual")?;
     rec.push(
         ctx,
         &PipelineKey::new("ple", "ple_conv"),
@@ -752,7 +756,10 @@ pub fn ple_conv(
     )
 }
 
-/// Parameters of shaders/qsa.wgsl.
+/// Parameters of shaders/qsa.wgsl. `first`: the column of the chunk's first token in the buffers
+/// that hold a row per token (queries, index queries, attention output; [`kv_pack`]'s stage),
+/// 0 for a sequence fed alone, a batch member's first column in the batch's buffers; the
+/// scores, selections and partials stay the sequence's own, from row 0.
 #[repr(C)]
 #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct QsaParams {
@@ -772,6 +779,7 @@ pub struct QsaParams {
     pub max_blocks: u32,
     pub dense: u32,
     pub scale: f32,
+    pub first: u32,
 }
 
 /// `--kv f16` or `q8_0`: the `count` values of `stage` (f32) rounded into the flat cache `cache`
@@ -786,7 +794,21 @@ pub fn kv_pack(
     first: usize,
     count: usize,
 ) -> Result<(), GpuError> {
-    need(stage, count, "kv stage")?;
+    kv_pack_from(ctx, rec, kv, (stage, 0), cache, first, count)
+}
+
+/// [`kv_pack`] of the `count` values of `stage.0` from value `stage.1` on (a batch member's
+/// columns of the batch's stage buffer).
+pub fn kv_pack_from(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    kv: KvType,
+    (stage, from): (&GpuBuf, usize),
+    cache: &GpuBuf,
+    first: usize,
+    count: usize,
+) -> Result<(), GpuError> {
+    need(stage, from + count, "kv stage")?;
     let end = first + count;
     // The entry point, the cache words the values end in, and one invocation per word (f16) or
     // per block (q8_0).
@@ -812,6 +834,7 @@ pub fn kv_pack(
     let params = QsaParams {
         off: u(first)?,
         row_stride: u(count)?,
+        first: u(from)?,
         ..Default::default()
     };
     rec.push(
@@ -820,6 +843,71 @@ pub fn kv_pack(
         &[(12, &*stage.buffer), (13, &*cache.buffer)],
         bytemuck::bytes_of(&params),
         [u(invocations.div_ceil(64))?, 1, 1],
+    )
+}
+
+/// A stage buffer of a batch and the f32 cache its rows go to ([`kv_store`]).
+#[derive(Clone, Copy)]
+pub struct StageRows<'a> {
+    pub stage: &'a GpuBuf,
+    pub cache: &'a GpuBuf,
+}
+
+/// A batch member's new keys and values (`width` values per token) and raw index keys (`idim`
+/// per token; 0: none, and `index` is only bound) from columns `tokens` of the batch's stage
+/// buffers into its f32 caches from position `pos0` on: one dispatch (`qsa.wgsl`'s `kv_store`),
+/// the words moved as they are.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_store(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    [keys, values]: [StageRows; 2],
+    index: StageRows,
+    width: usize,
+    idim: usize,
+    tokens: impl Into<Span>,
+    pos0: usize,
+) -> Result<(), GpuError> {
+    let tokens = tokens.into();
+    if tokens.count == 0 {
+        return Ok(());
+    }
+    let sets = if idim > 0 {
+        need(index.stage, tokens.end() * idim, "index key stage")?;
+        need(index.cache, (pos0 + tokens.count) * idim, "index key cache")?;
+        3
+    } else {
+        2
+    };
+    for (rows, what) in [(keys, "key"), (values, "value")] {
+        need(rows.stage, tokens.end() * width, &format!("{what} stage"))?;
+        need(
+            rows.cache,
+            (pos0 + tokens.count) * width,
+            &format!("{what} cache"),
+        )?;
+    }
+    let params = QsaParams {
+        tokens: u(tokens.count)?,
+        pos0: u(pos0)?,
+        row_stride: u(width)?,
+        idim: u(idim)?,
+        first: u(tokens.first)?,
+        ..Default::default()
+    };
+    rec.push(
+        ctx,
+        &PipelineKey::new("qsa", "kv_store"),
+        &[
+            (14, &*keys.stage.buffer),
+            (15, &*values.stage.buffer),
+            (16, &*index.stage.buffer),
+            (17, &*keys.cache.buffer),
+            (18, &*values.cache.buffer),
+            (19, &*index.cache.buffer),
+        ],
+        bytemuck::bytes_of(&params),
+        [u(width.max(idim).div_ceil(64))?, u(tokens.count)?, sets],
     )
 }
 
@@ -889,6 +977,12 @@ pub fn qsa_select(
     selected: &GpuBuf,
 ) -> Result<(), GpuError> {
     let t = params.tokens as usize;
+    let end = params.first as usize + t;
+    need(
+        index_queries,
+        end * params.heads as usize * params.idim as usize,
+        "qsa index queries",
+    )?;
     need(scratch, t * 2 * params.max_blocks as usize, "qsa scratch")?;
     need(selected, t * (params.budget as usize + 1), "qsa selection")?;
     // Blocks of the chunk's last token: the most any of its tokens has.
@@ -1024,8 +1118,9 @@ pub fn qsa_attend(
             "dense attention past {QSA_MAX_KEYS} tokens on the GPU"
         )));
     }
-    need(queries, t * h * 2 * hd, "qsa queries")?;
-    need(out, t * h * hd, "qsa output")?;
+    let end = params.first as usize + t;
+    need(queries, end * h * 2 * hd, "qsa queries")?;
+    need(out, end * h * hd, "qsa output")?;
     rec.push(
         ctx,
         &attend,

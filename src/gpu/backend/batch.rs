@@ -2,10 +2,13 @@
 //! tokens of every member become the columns of one chunk, so each weight is read once for all
 //! of them. What is token-wise (embedding, projections, hyper-connections, norms, MoE, head)
 //! runs over the whole chunk in a batch scratch; what reads a sequence's own state (the GDN conv
-//! and recurrence, QSA caches and attention, the PLE conv) runs per member on the backend's chunk
-//! buffers, its columns copied there and back. Every kernel computes a column the same way
-//! whatever the chunk around it (the chunk-size invariance the backend keeps), and copies move
-//! bits, so a member's logits are those of the same tokens fed alone.
+//! and recurrence, QSA caches and attention, the PLE conv) runs per member on its columns of the
+//! batch scratch (`ops::Span`, the kernels' first column), with its own state; an f32 KV cache
+//! gets the member's new keys, values and raw index keys from the batch's stage buffers in one
+//! copy (a rounded cache reads them in its pack, and copies only the raw index keys). Every
+//! kernel computes a column the same way whatever the chunk around it and wherever the column
+//! sits (the chunk-size invariance the backend keeps), and copies move bits, so a member's
+//! logits are those of the same tokens fed alone.
 //!
 //! Batched: members of this backend with resident or pinned experts (VRAM slots filled by the
 //! host, `--experts` tiers other than pinned, sync with the host per layer), outside the
@@ -333,15 +336,11 @@ impl GpuBackend {
     ) -> Result<(), GpuError> {
         let cfg = &self.config;
         let bs = &*driver.scratch;
-        let wide = cfg.n_embd * cfg.hc_count;
         if let Some(p) = &layer.ple {
             driver.ple_mix(rec, p, cols)?;
-            for_each_member(rec, members, |rec, m, s| {
-                m.copy_in(rec, &bs.ple_conv_in, &s.ple_conv_in, wide)?;
-                m.copy_in(rec, &bs.ple_gated, &s.ple_gated, wide)?;
-                m.copy_in(rec, &bs.wide, &s.wide, wide)?;
-                m.seq.ple_conv(rec, p, m.tokens.len(), m.pos0)?;
-                m.copy_out(rec, &s.wide, &bs.wide, wide)
+            // Each member's conv on its own columns of the batch's buffers.
+            for_each_member(rec, members, |rec, m| {
+                m.seq.ple_conv(rec, p, bs, m.span(), m.pos0)
             })?;
         }
         driver.hc_mix(rec, &layer.attn_hc, cols)?;
@@ -349,9 +348,8 @@ impl GpuBackend {
             MixerGpu::Gdn(g) => {
                 driver.gdn_project(rec, g, cols)?;
                 // Each member's conv and recurrence on its own columns of the batch's buffers.
-                for_each_member(rec, members, |rec, m, _| {
-                    let span = Span::new(m.col, m.tokens.len());
-                    m.seq.gdn_recur(rec, g, m.state(index)?, bs, span, true)
+                for_each_member(rec, members, |rec, m| {
+                    m.seq.gdn_recur(rec, g, m.state(index)?, bs, m.span(), true)
                 })?;
                 driver.gdn_norm_apart(rec, g, cols)?;
                 driver.gdn_out(rec, g, cols)
@@ -366,17 +364,13 @@ impl GpuBackend {
                 ];
                 let index_keys = View::new(&bs.index_key_stage, 0, idim);
                 driver.qsa_project(rec, q, targets, index_keys, cols)?;
-                for_each_member(rec, members, |rec, m, s| {
-                    let qg = a.n_head * 2 * a.head_dim;
-                    m.copy_in(rec, &bs.query_gate, &s.query_gate, qg)?;
-                    m.stage_kv(rec, bs, s, index)?;
-                    if q.indexer.is_some() {
-                        let nih = a.indexer_n_head * idim;
-                        m.copy_in(rec, &bs.index_query, &s.index_query, nih)?;
-                    }
-                    m.seq
-                        .qsa_core(rec, q, m.state(index)?, m.tokens.len(), m.pos0)?;
-                    m.copy_out(rec, &s.attended, &bs.attended, a.n_head * a.head_dim)
+                // Each member's caches, indexer and attention on its own columns of the batch's
+                // buffers.
+                let indexed = q.indexer.is_some();
+                for_each_member(rec, members, |rec, m| {
+                    let state = m.state(index)?;
+                    m.store_kv(rec, bs, state, indexed)?;
+                    m.seq.qsa_core(rec, q, state, bs, m.span(), m.pos0)
                 })?;
                 driver.qsa_out(rec, q, cols)
             }
@@ -384,7 +378,7 @@ impl GpuBackend {
     }
 }
 
-/// Run `f` for every member with its own bind groups in `rec` and the backend's chunk buffers.
+/// Run `f` for every member with its own bind groups in `rec`.
 #[allow(clippy::mutable_key_type)]
 fn for_each_member<F>(
     rec: &mut Recorder,
@@ -392,13 +386,12 @@ fn for_each_member<F>(
     mut f: F,
 ) -> Result<(), GpuError>
 where
-    F: FnMut(&mut Recorder, &mut Member<'_>, &Scratch) -> Result<(), GpuError>,
+    F: FnMut(&mut Recorder, &mut Member<'_>) -> Result<(), GpuError>,
 {
     for m in members.iter_mut() {
         let own = std::mem::take(&mut m.seq.bind_groups);
         let driver_cache = rec.swap_cache(own);
-        let scratch = Arc::clone(&m.seq.scratch);
-        let done = f(rec, m, &scratch);
+        let done = f(rec, m);
         m.seq.bind_groups = rec.swap_cache(driver_cache);
         done?;
     }
@@ -413,71 +406,28 @@ impl Member<'_> {
             .ok_or_else(|| GpuError::BadArgs(format!("no layer {index}")))
     }
 
-    /// This member's columns of `batch` (`width` values per token) to the start of `own`.
-    fn copy_in(
-        &self,
-        rec: &mut Recorder,
-        batch: &GpuBuf,
-        own: &GpuBuf,
-        width: usize,
-    ) -> Result<(), GpuError> {
-        let c = &*self.seq.backend.ctx;
-        let t = self.tokens.len();
-        ops::copy_rows(
-            c,
-            rec,
-            batch,
-            self.col * width,
-            width,
-            own,
-            0,
-            width,
-            0,
-            t,
-            width,
-        )
+    /// Its columns of the batch scratch.
+    fn span(&self) -> Span {
+        Span::new(self.col, self.tokens.len())
     }
 
-    /// The start of `own` back to this member's columns of `batch`.
-    fn copy_out(
-        &self,
-        rec: &mut Recorder,
-        own: &GpuBuf,
-        batch: &GpuBuf,
-        width: usize,
-    ) -> Result<(), GpuError> {
-        let c = &*self.seq.backend.ctx;
-        let t = self.tokens.len();
-        ops::copy_rows(
-            c,
-            rec,
-            own,
-            0,
-            width,
-            batch,
-            self.col * width,
-            width,
-            0,
-            t,
-            width,
-        )
-    }
-
-    /// The batch's keys, values and raw index keys of this member where a feed alone projects
-    /// them: the f32 caches at its positions, or the chunk's stage buffers for a rounded cache.
-    fn stage_kv(
+    /// The batch's new keys, values and raw index keys (`indexed`) of this member where a feed
+    /// alone projects them: into the f32 caches at its positions, in one dispatch. A rounded
+    /// cache gets its keys and values from the batch's stage buffers in `qsa_core` (the pack
+    /// reads the member's columns), so only the raw index keys are copied.
+    fn store_kv(
         &self,
         rec: &mut Recorder,
         bs: &Scratch,
-        s: &Scratch,
-        index: usize,
+        state: &LayerState,
+        indexed: bool,
     ) -> Result<(), GpuError> {
         let LayerState::Qsa {
             keys,
             values,
             raw_index_keys,
             ..
-        } = self.state(index)?
+        } = state
         else {
             return Err(GpuError::BadArgs("attention layer with GDN state".into()));
         };
@@ -485,61 +435,36 @@ impl Member<'_> {
         let c = &*b.ctx;
         let a = &b.config.attention;
         let kv = a.n_head_kv * a.head_dim;
-        let t = self.tokens.len();
+        let idim = if indexed { a.indexer_head_dim } else { 0 };
         if b.config.kv == KvType::F32 {
-            let at = self.pos0 * kv;
-            ops::copy_rows(
+            let rows = |stage, cache| ops::StageRows { stage, cache };
+            return ops::kv_store(
                 c,
                 rec,
-                &bs.key_stage,
-                self.col * kv,
+                [rows(&bs.key_stage, keys), rows(&bs.value_stage, values)],
+                rows(&bs.index_key_stage, raw_index_keys),
                 kv,
-                keys,
-                at,
-                kv,
-                0,
-                t,
-                kv,
-            )?;
-            ops::copy_rows(
-                c,
-                rec,
-                &bs.value_stage,
-                self.col * kv,
-                kv,
-                values,
-                at,
-                kv,
-                0,
-                t,
-                kv,
-            )?;
-        } else {
-            self.copy_in(rec, &bs.key_stage, &s.key_stage, kv)?;
-            self.copy_in(rec, &bs.value_stage, &s.value_stage, kv)?;
+                idim,
+                self.span(),
+                self.pos0,
+            );
         }
-        let indexed = b
-            .layers
-            .get(index)
-            .is_some_and(|l| matches!(&l.mixer, MixerGpu::Qsa(q) if q.indexer.is_some()));
-        if indexed {
-            let idim = a.indexer_head_dim;
-            let at = self.pos0 * idim;
-            ops::copy_rows(
-                c,
-                rec,
-                &bs.index_key_stage,
-                self.col * idim,
-                idim,
-                raw_index_keys,
-                at,
-                idim,
-                0,
-                t,
-                idim,
-            )?;
+        if idim == 0 {
+            return Ok(());
         }
-        Ok(())
+        ops::copy_rows(
+            c,
+            rec,
+            &bs.index_key_stage,
+            self.col * idim,
+            idim,
+            raw_index_keys,
+            self.pos0 * idim,
+            idim,
+            0,
+            self.tokens.len(),
+            idim,
+        )
     }
 
     /// What this member's feed returns for its last row (checked for non-finite values).

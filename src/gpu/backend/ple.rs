@@ -1,6 +1,7 @@
 //! The hashed n-gram PLE injection at layer 1, and the PLE rows it reads.
 
 use super::*;
+use crate::gpu::ops::Span;
 
 impl GpuSequence {
     pub(super) fn ple(
@@ -11,7 +12,7 @@ impl GpuSequence {
         pos0: usize,
     ) -> Result<(), GpuError> {
         self.ple_mix(rec, w, t)?;
-        self.ple_conv(rec, w, t, pos0)
+        self.ple_conv(rec, w, &self.scratch, Span::from(t), pos0)
     }
 
     /// The PLE block of `t` tokens up to its conv: projections, norms and the gate, from the
@@ -93,17 +94,19 @@ impl GpuSequence {
         )
     }
 
-    /// The PLE conv over this sequence's history (from the scratch's `ple_conv_in` and
-    /// `ple_gated`, into its wide residual).
+    /// The PLE conv over this sequence's history of the tokens in columns `span` of `s`'s
+    /// `ple_conv_in` and `ple_gated` (the first at position `pos0`), added into `s.wide` at those
+    /// columns: a sequence fed alone passes its own scratch from column 0, a batch member the
+    /// batch's at its columns.
     pub(super) fn ple_conv(
         &self,
         rec: &mut Recorder,
         w: &PleGpu,
-        t: usize,
+        s: &Scratch,
+        span: Span,
         pos0: usize,
     ) -> Result<(), GpuError> {
         let b = &self.backend;
-        let s = &self.scratch;
         let cfg = &b.config;
         let Some(pc) = &cfg.ple else {
             return Err(GpuError::BadArgs("PLE weights without PLE config".into()));
@@ -123,7 +126,7 @@ impl GpuSequence {
             &w.conv,
             &self.ple_history,
             &s.wide,
-            t,
+            span,
             pos0,
         )
     }

@@ -1,6 +1,7 @@
 //! QSA sparse-attention layers: projections, indexer, block selection, attention.
 
 use super::*;
+use crate::gpu::ops::Span;
 use crate::model::config::KvType;
 
 impl GpuSequence {
@@ -42,7 +43,7 @@ impl GpuSequence {
         };
         let index_keys = View::new(raw_index_keys, pos0 * idim, idim);
         self.qsa_project(rec, w, targets, index_keys, t)?;
-        self.qsa_core(rec, w, state, t, pos0)?;
+        self.qsa_core(rec, w, state, &self.scratch, Span::from(t), pos0)?;
         self.qsa_out(rec, w, t)
     }
 
@@ -79,15 +80,20 @@ impl GpuSequence {
         Ok(())
     }
 
-    /// Everything after the projections ([`Self::qsa_project`]): norms and rotations, the keys
-    /// and values into this sequence's caches, the indexer's blocks and selection, and attention
-    /// into the scratch's `attended`.
+    /// Everything after the projections ([`Self::qsa_project`]) of the tokens in columns `span`
+    /// of `cols`'s buffers (`query_gate`, `index_query`, with a rounded cache `key_stage` and
+    /// `value_stage`; the first at position `pos0`): norms and rotations, the keys and values
+    /// into this sequence's caches (an f32 cache already holds them, at their positions), the
+    /// indexer's blocks and selection, and attention into `cols.attended` at those columns. The
+    /// scores, selections and partials are this sequence's scratch's, from row 0. A sequence fed
+    /// alone passes its own scratch from column 0; a batch member the batch's, at its columns.
     pub(super) fn qsa_core(
         &self,
         rec: &mut Recorder,
         w: &QsaGpu,
         state: &LayerState,
-        t: usize,
+        cols: &Scratch,
+        span: Span,
         pos0: usize,
     ) -> Result<(), GpuError> {
         let LayerState::Qsa {
@@ -108,16 +114,17 @@ impl GpuSequence {
         let kv = a.n_head_kv * hd;
         let qg = a.n_head * 2 * hd;
         let half = a.rotary_dims / 2;
+        let (t, first) = (span.count, span.first);
         let staged = cfg.kv != KvType::F32;
         let (key_rows, kv_off) = if staged {
-            (&s.key_stage, 0)
+            (&cols.key_stage, first * kv)
         } else {
             (keys, pos0 * kv)
         };
         let q_heads = Groups {
             n: hd,
             groups: a.n_head,
-            off: 0,
+            off: first * qg,
             group_stride: 2 * hd,
             token_stride: qg,
         };
@@ -126,7 +133,7 @@ impl GpuSequence {
             c,
             rec,
             &self.norm_spec(Some((&w.q_norm, hd))),
-            &s.query_gate,
+            &cols.query_gate,
             q_heads,
             t,
             &b.dummy,
@@ -152,10 +159,12 @@ impl GpuSequence {
             1,
         )?;
         if staged {
-            ops::kv_pack(c, rec, cfg.kv, &s.key_stage, keys, pos0 * kv, t * kv)?;
-            ops::kv_pack(c, rec, cfg.kv, &s.value_stage, values, pos0 * kv, t * kv)?;
+            for (stage, cache) in [(&cols.key_stage, keys), (&cols.value_stage, values)] {
+                ops::kv_pack_from(c, rec, cfg.kv, (stage, kv_off), cache, pos0 * kv, t * kv)?;
+            }
         }
         let mut params = QsaParams {
+            first: first as u32,
             tokens: t as u32,
             pos0: pos0 as u32,
             heads: a.n_head as u32,
@@ -172,16 +181,16 @@ impl GpuSequence {
             let nih = a.indexer_n_head;
             let ratio = ix.ratio;
             let budget = a.indexer_budget_tokens / ratio;
-            let first = pos0 / ratio;
+            let block0 = pos0 / ratio;
             let end = (pos0 + t) / ratio;
-            if end > first {
-                let count = end - first;
+            if end > block0 {
+                let count = end - block0;
                 ops::block_mean(
                     c,
                     rec,
                     raw_index_keys,
                     block_keys,
-                    first,
+                    block0,
                     count,
                     ratio,
                     idim,
@@ -189,7 +198,7 @@ impl GpuSequence {
                 let rows = Groups {
                     n: idim,
                     groups: 1,
-                    off: first * idim,
+                    off: block0 * idim,
                     group_stride: idim,
                     token_stride: idim,
                 };
@@ -203,7 +212,7 @@ impl GpuSequence {
                     &b.dummy,
                     &b.rope_table,
                     half,
-                    first * ratio,
+                    block0 * ratio,
                     ratio,
                 )?;
             }
@@ -211,14 +220,17 @@ impl GpuSequence {
             // of them: the same keys in the same order as dense attention (key j is position j),
             // so the same bits, without the index query's norm and the selection.
             if (pos0 + t) / ratio <= budget {
-                return self.attend(rec, state, &params);
+                return self.attend(rec, state, cols, &params);
             }
             ops::rmsnorm_rope(
                 c,
                 rec,
                 &self.norm_spec(Some((&ix.q_norm, idim))),
-                &s.index_query,
-                Groups::packed(idim, nih),
+                &cols.index_query,
+                Groups {
+                    off: first * nih * idim,
+                    ..Groups::packed(idim, nih)
+                },
                 t,
                 &b.dummy,
                 &b.rope_table,
@@ -228,6 +240,7 @@ impl GpuSequence {
             )?;
             let max_blocks = s.scores.len / (2 * b.max_chunk);
             let select = QsaParams {
+                first: first as u32,
                 tokens: t as u32,
                 pos0: pos0 as u32,
                 heads: nih as u32,
@@ -242,7 +255,7 @@ impl GpuSequence {
                 c,
                 rec,
                 &select,
-                &s.index_query,
+                &cols.index_query,
                 block_keys,
                 &s.scores,
                 &s.selected,
@@ -251,14 +264,16 @@ impl GpuSequence {
             params.budget = budget as u32;
             params.dense = 0;
         }
-        self.attend(rec, state, &params)
+        self.attend(rec, state, cols, &params)
     }
 
-    /// Attention over the keys `params` selects (all of them when dense).
+    /// Attention over the keys `params` selects (all of them when dense), from `cols`'s queries
+    /// into its `attended` (at the columns from `params.first`).
     fn attend(
         &self,
         rec: &mut Recorder,
         state: &LayerState,
+        cols: &Scratch,
         params: &QsaParams,
     ) -> Result<(), GpuError> {
         let LayerState::Qsa { keys, values, .. } = state else {
@@ -270,12 +285,12 @@ impl GpuSequence {
             &b.ctx,
             rec,
             params,
-            &s.query_gate,
+            &cols.query_gate,
             keys,
             values,
             &s.selected,
             &s.attn_parts,
-            &s.attended,
+            &cols.attended,
             b.config.kv,
         )
     }
