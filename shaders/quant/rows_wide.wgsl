@@ -15,6 +15,27 @@
 // Quads of the pipeline's tiles (ITEMS / 4).
 override QUADS: u32 = ITEMS / 4u;
 
+// 1: x was rearranged by `permute_x` (below) into task order, so that the lanes of a subgroup,
+// each on its own task, load consecutive vec4s: segment s of task t, vec4 j, of the vector at x
+// offset `first` is at vec4 first / 4 + (4 s + j) * TASKS + t. The same values reach the same
+// task_dot: only where they are read from changes.
+override XPERM: u32 = 0u;
+
+// Tasks per row.
+fn row_tasks() -> u32 {
+    return (p.k / QK) * TASKS_PER_BLOCK;
+}
+
+// Segment `s` (0 or 1, at x offset `first + at` in the vector's own order) of task `t`.
+fn tile_seg(first: u32, at: u32, t: u32, s: u32) -> Seg {
+    if (XPERM == 0u) {
+        return load_seg(first + at);
+    }
+    let n = row_tasks();
+    let i = (first >> 2u) + 4u * s * n + t;
+    return Seg(load_x4(i), load_x4(i + n), load_x4(i + 2u * n), load_x4(i + 3u * n));
+}
+
 // x offsets (in floats) of the tile's vectors, four per quad; set by the entry point.
 var<private> XQ0: vec4<u32>;
 var<private> XQ1: vec4<u32>;
@@ -23,9 +44,10 @@ var<private> XQ3: vec4<u32>;
 
 // The task values of up to 4 rows' decoded tasks (components; w1..w3 unused past ROWS) against
 // the vector at x offset `first`.
-fn tok_values(w0: Task, w1: Task, w2: Task, w3: Task, first: u32, xo: vec2<u32>) -> vec4<f32> {
-    let xa = load_seg(first + xo.x);
-    let xb = load_seg(first + xo.y);
+fn tok_values(w0: Task, w1: Task, w2: Task, w3: Task, first: u32, xo: vec2<u32>,
+              t: u32) -> vec4<f32> {
+    let xa = tile_seg(first, xo.x, t, 0u);
+    let xb = tile_seg(first, xo.y, t, 1u);
     var v = vec4<f32>(task_dot(w0, xa, xb), 0.0, 0.0, 0.0);
     if (ROWS > 1u) {
         v.y = task_dot(w1, xa, xb);
@@ -53,11 +75,11 @@ fn zero_quad() -> Quad {
 
 // `acc` plus one task of every row for the 4 vectors at x offsets `b`.
 fn quad_add(acc: Quad, w0: Task, w1: Task, w2: Task, w3: Task, b: vec4<u32>,
-            xo: vec2<u32>) -> Quad {
-    return Quad(acc.v0 + tok_values(w0, w1, w2, w3, b.x, xo),
-                acc.v1 + tok_values(w0, w1, w2, w3, b.y, xo),
-                acc.v2 + tok_values(w0, w1, w2, w3, b.z, xo),
-                acc.v3 + tok_values(w0, w1, w2, w3, b.w, xo));
+            xo: vec2<u32>, t: u32) -> Quad {
+    return Quad(acc.v0 + tok_values(w0, w1, w2, w3, b.x, xo, t),
+                acc.v1 + tok_values(w0, w1, w2, w3, b.y, xo, t),
+                acc.v2 + tok_values(w0, w1, w2, w3, b.z, xo, t),
+                acc.v3 + tok_values(w0, w1, w2, w3, b.w, xo, t));
 }
 
 // The tile's sums: quad q holds vectors 4q .. 4q + 3, each a vec4 over the rows.
@@ -103,15 +125,15 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
         let w1 = task_w(r1 * p.row_bytes, row_d(r1), t);
         let w2 = task_w(r2 * p.row_bytes, row_d(r2), t);
         let w3 = task_w(r3 * p.row_bytes, row_d(r3), t);
-        acc.q0 = quad_add(acc.q0, w0, w1, w2, w3, XQ0, xo);
+        acc.q0 = quad_add(acc.q0, w0, w1, w2, w3, XQ0, xo, t);
         if (QUADS > 1u && nq > 1u) {
-            acc.q1 = quad_add(acc.q1, w0, w1, w2, w3, XQ1, xo);
+            acc.q1 = quad_add(acc.q1, w0, w1, w2, w3, XQ1, xo, t);
         }
         if (QUADS > 2u && nq > 2u) {
-            acc.q2 = quad_add(acc.q2, w0, w1, w2, w3, XQ2, xo);
+            acc.q2 = quad_add(acc.q2, w0, w1, w2, w3, XQ2, xo, t);
         }
         if (QUADS > 3u && nq > 3u) {
-            acc.q3 = quad_add(acc.q3, w0, w1, w2, w3, XQ3, xo);
+            acc.q3 = quad_add(acc.q3, w0, w1, w2, w3, XQ3, xo, t);
         }
     }
     var r = acc;
@@ -132,9 +154,9 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
 // computed side by side (lane l: task base + l) and folded in task order on every lane, as
 // rows_dot_limb folds it, so every (row, vector) has the bits of a decode step. Needs KSPLIT 1.
 fn tok_values_limb(w0: Task, w1: Task, w2: Task, w3: Task, first: u32,
-                   xo: vec2<u32>) -> vec4<f32> {
-    let xa = limbs(load_seg(first + xo.x));
-    let xb = limbs(load_seg(first + xo.y));
+                   xo: vec2<u32>, t: u32) -> vec4<f32> {
+    let xa = limbs(tile_seg(first, xo.x, t, 0u));
+    let xb = limbs(tile_seg(first, xo.y, t, 1u));
     var v = vec4<f32>(task_dot_limb(w0, xa, xb), 0.0, 0.0, 0.0);
     if (ROWS > 1u) {
         v.y = task_dot_limb(w1, xa, xb);
@@ -148,9 +170,12 @@ fn tok_values_limb(w0: Task, w1: Task, w2: Task, w3: Task, first: u32,
     return v;
 }
 
-fn quad_limb(w0: Task, w1: Task, w2: Task, w3: Task, b: vec4<u32>, xo: vec2<u32>) -> Quad {
-    return Quad(tok_values_limb(w0, w1, w2, w3, b.x, xo), tok_values_limb(w0, w1, w2, w3, b.y, xo),
-                tok_values_limb(w0, w1, w2, w3, b.z, xo), tok_values_limb(w0, w1, w2, w3, b.w, xo));
+fn quad_limb(w0: Task, w1: Task, w2: Task, w3: Task, b: vec4<u32>, xo: vec2<u32>,
+             t: u32) -> Quad {
+    return Quad(tok_values_limb(w0, w1, w2, w3, b.x, xo, t),
+                tok_values_limb(w0, w1, w2, w3, b.y, xo, t),
+                tok_values_limb(w0, w1, w2, w3, b.z, xo, t),
+                tok_values_limb(w0, w1, w2, w3, b.w, xo, t));
 }
 
 fn fold_quad(acc: Quad, v: Quad, l: u32) -> Quad {
@@ -175,24 +200,24 @@ fn rows_wide_limb(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32,
         let w3 = task_w(r3 * p.row_bytes, row_d(r3), t);
         let n = min(sg_size, tasks - base);
         // One quad's values at a time, folded before the next is computed (fewer live registers).
-        let v0 = quad_limb(w0, w1, w2, w3, XQ0, xo);
+        let v0 = quad_limb(w0, w1, w2, w3, XQ0, xo, t);
         for (var l = 0u; l < n; l++) {
             acc.q0 = fold_quad(acc.q0, v0, l);
         }
         if (QUADS > 1u && nq > 1u) {
-            let v1 = quad_limb(w0, w1, w2, w3, XQ1, xo);
+            let v1 = quad_limb(w0, w1, w2, w3, XQ1, xo, t);
             for (var l = 0u; l < n; l++) {
                 acc.q1 = fold_quad(acc.q1, v1, l);
             }
         }
         if (QUADS > 2u && nq > 2u) {
-            let v2 = quad_limb(w0, w1, w2, w3, XQ2, xo);
+            let v2 = quad_limb(w0, w1, w2, w3, XQ2, xo, t);
             for (var l = 0u; l < n; l++) {
                 acc.q2 = fold_quad(acc.q2, v2, l);
             }
         }
         if (QUADS > 3u && nq > 3u) {
-            let v3 = quad_limb(w0, w1, w2, w3, XQ3, xo);
+            let v3 = quad_limb(w0, w1, w2, w3, XQ3, xo, t);
             for (var l = 0u; l < n; l++) {
                 acc.q3 = fold_quad(acc.q3, v3, l);
             }
@@ -542,4 +567,24 @@ fn matvec_moe_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
     }
+}
+
+// x in task order for XPERM tiles: `items` vectors of k values from x_offset, x_stride apart,
+// written to XW from y_offset, y_stride apart; vec4 q of a vector takes vec4 j of segment s of
+// task t, with 4 s + j = q / TASKS and t = q % TASKS (tile_seg's order). A copy: no arithmetic.
+@compute @workgroup_size(64)
+fn permute_x(@builtin(global_invocation_id) gid: vec3<u32>,
+             @builtin(workgroup_id) wg: vec3<u32>) {
+    let q = gid.x;
+    let item = wg.y + wg.z * 65535u;
+    let n = row_tasks();
+    if (q >= 8u * n || item >= p.items) {
+        return;
+    }
+    let t = q % n;
+    let sj = q / n;
+    let xo = task_x(t);
+    let at = select(xo.x, xo.y, sj >= 4u);
+    let src = (p.x_offset + item * p.x_stride) >> 2u;
+    XW[((p.y_offset + item * p.y_stride) >> 2u) + q] = X[src + (at >> 2u) + sj % 4u];
 }

@@ -152,6 +152,10 @@ pub struct GpuContext {
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// i-quant codebooks, uploaded on first use.
     grids: Mutex<std::collections::HashMap<crate::gguf::types::GgmlType, Arc<wgpu::Buffer>>>,
+    /// Prefill's x vectors in task order for the wide tiles (`crate::gpu::matvec`), grown on
+    /// demand and shared by every sequence of the context (each use is recorded right after the
+    /// copy that fills it).
+    xperm: Mutex<Option<super::buffers::GpuBuf>>,
 }
 
 impl GpuContext {
@@ -238,6 +242,7 @@ impl GpuContext {
             features,
             uncaptured,
             grids: Mutex::new(std::collections::HashMap::new()),
+            xperm: Mutex::new(None),
         }))
     }
 
@@ -307,6 +312,26 @@ impl GpuContext {
         ));
         grids.insert(ty, buffer.clone());
         Ok(Some(buffer))
+    }
+
+    /// The task-order x buffer of the wide tiles, at least `floats` long (grown to twice the old
+    /// size or `floats`, whichever is more; never shrunk).
+    pub fn xperm_buffer(&self, floats: usize) -> Result<super::buffers::GpuBuf, GpuError> {
+        let mut held = match self.xperm.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(b) = held.as_ref().filter(|b| b.len >= floats) {
+            return Ok(b.clone());
+        }
+        let old = held.as_ref().map_or(0, |b| b.len);
+        let len = floats
+            .max(2 * old)
+            .min(self.max_binding_bytes() as usize / 4)
+            .max(floats);
+        let b = super::buffers::GpuBuf::zeros(self, "wide tiles' x in task order", len)?;
+        *held = Some(b.clone());
+        Ok(b)
     }
 
     /// Human-readable adapter line, e.g. for test output.

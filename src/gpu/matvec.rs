@@ -209,6 +209,45 @@ fn wide_items() -> usize {
     })
 }
 
+/// Whether wide tiles read x in task order (`permute_x` in quant/rows_wide.wgsl): the lanes of a
+/// subgroup, each on its own 32-value task, then load consecutive vec4s instead of vec4s 128
+/// bytes apart. `STRATA_XPERM=0` turns it off, for comparison; the bits are the same either way.
+fn xperm() -> bool {
+    static XPERM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *XPERM.get_or_init(|| std::env::var("STRATA_XPERM").map_or(true, |v| v != "0"))
+}
+
+/// x's first `count` vectors in task order for `w`'s wide tiles, in the context's buffer for it:
+/// returns that buffer, whose vectors are `w.row_len` floats apart from offset 0.
+fn permuted_x(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    w: &GpuWeight,
+    x: View,
+    count: usize,
+) -> Result<GpuBuf, GpuError> {
+    let k = w.row_len;
+    let out = ctx.xperm_buffer(count * k)?;
+    let params = MatvecParams {
+        k: to_u32(k, "k")?,
+        items: to_u32(count, "items")?,
+        x_stride: to_u32(x.stride, "x stride")?,
+        x_offset: to_u32(x.offset, "x offset")?,
+        y_stride: to_u32(k, "y stride")?,
+        ..Default::default()
+    };
+    let (gy, gz) = item_grid(count);
+    let gx = to_u32((k / 4).div_ceil(64), "grid x")?;
+    rec.push(
+        ctx,
+        &PipelineKey::new(format!("matvec_wide:{}", w.ty.name()), "permute_x"),
+        &[(1, &*x.buf.buffer), (9, &*out.buffer)],
+        bytemuck::bytes_of(&params),
+        [gx, gy, gz],
+    )?;
+    Ok(out)
+}
+
 /// Rows per subgroup of the wide tiles (`STRATA_WIDE_ROWS`, 1 to 4, for tuning; default 4).
 fn wide_rows() -> usize {
     static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
@@ -525,13 +564,14 @@ pub fn matvec_with(
     } else {
         0
     };
-    let full_wide = items.checked_div(wide).map_or(0, |n| n * wide);
-    let full = full_wide + (items - full_wide) / TILE * TILE;
-    let runs = [
-        (0, full_wide, wide),
-        (full_wide, full - full_wide, TILE),
-        (full, items - full, items - full),
-    ];
+    let runs = tile_runs(items, wide);
+    // The wide runs come first, from item 0.
+    let wide_end: usize = runs.iter().filter(|r| r.2 > TILE).map(|r| r.1).sum();
+    let task_order = if wide_end > 0 && xperm() {
+        Some(permuted_x(ctx, rec, w, x, wide_end)?)
+    } else {
+        None
+    };
     for part in &w.parts {
         for &(item0, count, tile) in &runs {
             if count == 0 {
@@ -540,7 +580,15 @@ pub fn matvec_with(
             let is_wide = tile > TILE;
             let mut params = base_params(w, part, x, xform, items)?;
             let mut b = bindings(w, part, &grid);
-            b.push((1, &*x.buf.buffer));
+            match task_order.as_ref().filter(|_| is_wide) {
+                Some(xp) => {
+                    // The wide run starts at item 0: its vectors are xp's, k apart.
+                    params.x_offset = 0;
+                    params.x_stride = params.k;
+                    b.push((1, &*xp.buffer));
+                }
+                None => b.push((1, &*x.buf.buffer)),
+            }
             let mut y0_mode = 0;
             let (entry, per_sg, groups) = match store {
                 Store::Rows(y) => {
@@ -648,6 +696,7 @@ pub fn matvec_with(
             let (gy, gz) = item_grid(count / tile);
             let pipeline = if is_wide {
                 fused_key("matvec_wide", w, wide_entry(entry), per_sg, tile, 0)
+                    .constant("XPERM", f64::from(u8::from(task_order.is_some())))
             } else if params.x_mode == 3 {
                 fused_key("matvec_norm", w, entry, per_sg, tile, 3)
             } else if y0_mode == 3 {
@@ -667,6 +716,46 @@ pub fn matvec_with(
         }
     }
     Ok(())
+}
+
+/// How `items` vectors are tiled, as (first item, count, vectors per tile) runs: tiles of `wide`
+/// vectors (0: none), then one of [`SMALL_WIDE`] where at least that many remain and
+/// [`small_wide`] allows it, then tiles of `TILE`, then the rest as one tile. Every (row, vector)
+/// has the same bits in any of them.
+fn tile_runs(items: usize, wide: usize) -> Vec<(usize, usize, usize)> {
+    let mut runs = Vec::with_capacity(4);
+    let full_wide = items.checked_div(wide).map_or(0, |n| n * wide);
+    runs.push((0, full_wide, wide));
+    let mut at = full_wide;
+    if wide > SMALL_WIDE && small_wide() && items - at >= SMALL_WIDE {
+        runs.push((at, SMALL_WIDE, SMALL_WIDE));
+        at += SMALL_WIDE;
+    }
+    let full = at + (items - at) / TILE * TILE;
+    runs.push((at, full - at, TILE));
+    runs.push((full, items - full, items - full));
+    runs.retain(|r| r.1 > 0);
+    runs
+}
+
+/// The smaller wide tile, for batches of decode steps (8 to 15 vectors left after the wide tiles).
+const SMALL_WIDE: usize = 8;
+
+/// Whether a remainder of 8 to 15 vectors takes one wide tile of 8 (`STRATA_SMALL_WIDE=1`) or
+/// tiles of `TILE`.
+fn small_wide() -> bool {
+    static SMALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SMALL.get_or_init(|| std::env::var("STRATA_SMALL_WIDE").is_ok_and(|v| v == "1"))
+}
+
+/// The fewest vectors a wide tile takes.
+fn least_wide() -> usize {
+    let wide = wide_items();
+    if wide > SMALL_WIDE && small_wide() {
+        SMALL_WIDE
+    } else {
+        wide
+    }
 }
 
 /// The part both residual stores share: `w`'s rows are one stream's width `h`, the wide residual
@@ -741,7 +830,7 @@ fn norm_apart<'a>(
     else {
         return None;
     };
-    let wide = wide_items();
+    let wide = least_wide();
     (wide > 0 && items >= wide && xform == XForm::Plain && wide_ok(w, n.normed, xform)).then_some(
         Store::Segments {
             outs,
@@ -1285,12 +1374,24 @@ pub fn matvec_group(
     let per_sg = tile_rows(w, w.rows_per_unit, tile);
     let per_wg = (wg_size() / sg).max(1);
     let grid = ctx.grid_buffer(w.ty)?;
+    let task_order = if wide && xperm() {
+        Some(permuted_x(ctx, rec, w, x, x_count)?)
+    } else {
+        None
+    };
     for part in &w.parts {
         let mut params = expert_params(w, part, x, xform, y, items, slots, x_per_item, per_wg)?;
         params.group_base = to_u32(experts, "group base")?;
         params.group_cap = to_u32(group_cap, "group room")?;
         let mut b = bindings(w, part, &grid);
-        b.push((1, &*x.buf.buffer));
+        match &task_order {
+            Some(xp) => {
+                params.x_offset = 0;
+                params.x_stride = params.k;
+                b.push((1, &*xp.buffer));
+            }
+            None => b.push((1, &*x.buf.buffer)),
+        }
         b.push((2, &*y.buf.buffer));
         b.push((3, &*groups.buffer));
         let groups_x = w.rows_per_unit.div_ceil(per_sg);
@@ -1298,6 +1399,7 @@ pub fn matvec_group(
         let gy = params.expert_count;
         let pipeline = if wide {
             fused_key("matvec_wide", w, "matvec_group_wide", per_sg, tile, 0)
+                .constant("XPERM", f64::from(u8::from(task_order.is_some())))
         } else {
             key(
                 w,

@@ -553,8 +553,10 @@ fn estimate_work_bytes(
     .unwrap_or(0);
     let moe_values =
         to_u64(config.moe.n_expert + config.moe.n_expert_used * config.moe.expert_ff * 3);
-    // Residual streams in, out and normalised, two more for mixing, and the widest projection twice.
-    let per_token = 5 * wide + 2 * widest_projection + moe_values;
+    // Residual streams in, out and normalised, two more for mixing, one for a mat-vec's input in
+    // task order (the wide prefill tiles'; no input is wider than the residual streams), and the
+    // widest projection twice.
+    let per_token = 6 * wide + 2 * widest_projection + moe_values;
     let activations = mul(mul(chunk, per_token, "work")?, 4, "work")?;
     let has_indexer = config.layers.iter().any(|l| {
         matches!(
