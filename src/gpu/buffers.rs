@@ -9,6 +9,7 @@ use wgpu::util::DeviceExt;
 use crate::gguf::types::GgmlType;
 
 use super::layout::{self, SplitD};
+use super::upload::StagedCopy;
 use super::{GpuContext, GpuError};
 
 /// Where a weight's bytes live. Kernels read either the same way, so placement never changes the
@@ -27,7 +28,12 @@ pub enum Placement {
 impl Placement {
     fn usage(self) -> wgpu::BufferUsages {
         match self {
-            Placement::Vram => wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            // COPY_SRC: read back by the upload test.
+            Placement::Vram => {
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC
+            }
             // COPY_SRC: units are copied from here into VRAM copies (hot experts).
             Placement::Host => {
                 wgpu::BufferUsages::STORAGE
@@ -107,6 +113,20 @@ impl GpuWeight {
         max_part_bytes: Option<usize>,
         placement: Placement,
     ) -> Result<Self, GpuError> {
+        Self::upload_pieces(ctx, name, shape, &[data], max_part_bytes, placement)
+    }
+
+    /// [`Self::upload_in`] of rows given as consecutive pieces of whole rows (the matrices of
+    /// stacked experts, the projections of a fused one) in order: they are read where they lie,
+    /// never concatenated first.
+    pub fn upload_pieces(
+        ctx: &GpuContext,
+        name: &str,
+        shape: (GgmlType, usize, usize, usize),
+        pieces: &[&[u8]],
+        max_part_bytes: Option<usize>,
+        placement: Placement,
+    ) -> Result<Self, GpuError> {
         let (ty, row_len, n_rows, rows_per_unit) = shape;
         let bad = |m: String| GpuError::BadArgs(format!("weight {name}: {m}"));
         if placement == Placement::Host && !ctx.has_host_storage() {
@@ -144,12 +164,12 @@ impl GpuWeight {
         let expected = row_bytes
             .checked_mul(n_rows)
             .ok_or_else(|| bad("size overflows".into()))?;
-        if data.len() != expected {
-            return Err(bad(format!(
-                "{} bytes given, {expected} expected",
-                data.len()
-            )));
+        let given: usize = pieces.iter().map(|p| p.len()).sum();
+        if given != expected {
+            return Err(bad(format!("{given} bytes given, {expected} expected")));
         }
+        let source = RowSource::new(pieces, row_bytes)
+            .ok_or_else(|| bad(format!("a piece is not whole rows of {row_bytes} bytes")))?;
         let split = layout::split_d(ty);
         let row_stride = match split {
             Some(sd) => row_len / block * sd.body_bytes(),
@@ -183,16 +203,13 @@ impl GpuWeight {
             let count = units_per_part.min(n_units - unit);
             let first_row = unit * rows_per_unit;
             let rows = count * rows_per_unit;
-            let bytes = &data[first_row * row_bytes..(first_row + rows) * row_bytes];
-            let (buffer, d_base) = match split {
-                Some(sd) => {
-                    let blocks = row_len / block;
-                    let packed = layout::split_rows(sd, blocks, rows, bytes);
-                    let d_base = layout::split_sizes(sd, blocks, rows).1;
-                    (storage_in(ctx, name, &packed, placement), d_base)
-                }
-                None => (storage_in(ctx, name, bytes, placement), 0),
+            let form = PartForm {
+                split,
+                blocks: row_len / block,
+                row_bytes,
             };
+            let (buffer, d_base) =
+                upload_part(ctx, name, &source, first_row, rows, form, placement)?;
             parts.push(WeightPart {
                 buffer,
                 first_row,
@@ -249,6 +266,191 @@ impl GpuWeight {
             }
         })
     }
+}
+
+/// Whole rows given as consecutive pieces (each a multiple of `row_bytes`).
+struct RowSource<'a> {
+    pieces: &'a [&'a [u8]],
+    /// The first row of each piece.
+    starts: Vec<usize>,
+    row_bytes: usize,
+}
+
+impl<'a> RowSource<'a> {
+    fn new(pieces: &'a [&'a [u8]], row_bytes: usize) -> Option<Self> {
+        if row_bytes == 0 || pieces.iter().any(|p| !p.len().is_multiple_of(row_bytes)) {
+            return None;
+        }
+        let mut starts = Vec::with_capacity(pieces.len());
+        let mut row = 0;
+        for p in pieces {
+            starts.push(row);
+            row += p.len() / row_bytes;
+        }
+        Some(Self {
+            pieces,
+            starts,
+            row_bytes,
+        })
+    }
+
+    /// The piece holding row `r` and the row's index in it (`r` below the total, as checked
+    /// against the tensor's size; empty pieces are skipped).
+    fn locate(&self, r: usize) -> (&'a [u8], usize) {
+        let mut p = self.starts.partition_point(|&s| s <= r).saturating_sub(1);
+        while p + 1 < self.pieces.len()
+            && self.pieces[p].len() / self.row_bytes <= r - self.starts[p]
+        {
+            p += 1;
+        }
+        (self.pieces[p], r - self.starts[p])
+    }
+
+    /// Row `r`'s bytes.
+    fn row(&self, r: usize) -> &'a [u8] {
+        let (piece, local) = self.locate(r);
+        &piece[local * self.row_bytes..(local + 1) * self.row_bytes]
+    }
+
+    /// Rows `r .. r + out.len() / row_bytes` into `out`.
+    fn copy_rows(&self, mut r: usize, out: &mut [u8]) {
+        let mut at = 0;
+        while at < out.len() {
+            let (piece, local) = self.locate(r);
+            let bytes = (piece.len() - local * self.row_bytes).min(out.len() - at);
+            let start = local * self.row_bytes;
+            out[at..at + bytes].copy_from_slice(&piece[start..start + bytes]);
+            at += bytes;
+            r += bytes / self.row_bytes;
+        }
+    }
+}
+
+/// How a part's rows are laid out in its buffer.
+#[derive(Clone, Copy)]
+struct PartForm {
+    split: Option<SplitD>,
+    blocks: usize,
+    row_bytes: usize,
+}
+
+/// Rows written by one parallel task of a staged batch: about 256 KiB.
+fn rows_per_task(staged_row: usize) -> usize {
+    ((256 << 10) / staged_row.max(1)).max(1)
+}
+
+/// A buffer of `placement` holding rows `first_row .. first_row + rows` of `source` in `form`
+/// (with the d plane's offset of a split layout, else 0), filled through the context's staging
+/// buffers in batches of whole rows.
+fn upload_part(
+    ctx: &GpuContext,
+    name: &str,
+    source: &RowSource<'_>,
+    first_row: usize,
+    rows: usize,
+    form: PartForm,
+    placement: Placement,
+) -> Result<(wgpu::Buffer, usize), GpuError> {
+    use rayon::prelude::*;
+    let PartForm {
+        split,
+        blocks,
+        row_bytes,
+    } = form;
+    // A batch is a multiple of 4 rows, so every copy's offset is a multiple of 4 bytes.
+    let capacity = ctx.staging_bytes();
+    if 4 * row_bytes + 16 > capacity {
+        let mut bytes = vec![0u8; rows * row_bytes];
+        source.copy_rows(first_row, &mut bytes);
+        return Ok(match split {
+            Some(sd) => {
+                let packed = layout::split_rows(sd, blocks, rows, &bytes);
+                let d_base = layout::split_sizes(sd, blocks, rows).1;
+                (storage_in(ctx, name, &packed, placement), d_base)
+            }
+            None => (storage_in(ctx, name, &bytes, placement), 0),
+        });
+    }
+    let (size, d_base) = match split {
+        Some(sd) => (
+            layout::split_part_bytes(sd, blocks, rows),
+            layout::split_sizes(sd, blocks, rows).1,
+        ),
+        None => ((rows * row_bytes).div_ceil(4).max(1) * 4, 0),
+    };
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(name),
+        size: size as u64,
+        usage: placement.usage() | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let per_batch = super::upload::rows_per_batch(capacity, row_bytes, 4);
+    let per_task = rows_per_task(row_bytes);
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = per_batch.min(rows - r0);
+        let row = first_row + r0;
+        match split {
+            Some(sd) => {
+                let body_row = blocks * sd.body_bytes();
+                let d_row = blocks * 2;
+                let body_len = n * body_row;
+                let body_copy = body_len.div_ceil(4) * 4;
+                let d_len = n * d_row;
+                let fill = |out: &mut [u8]| {
+                    let (body, d) = out.split_at_mut(body_copy);
+                    let (body, pad) = body.split_at_mut(body_len);
+                    pad.fill(0);
+                    body.par_chunks_mut(body_row * per_task)
+                        .zip(d.par_chunks_mut(d_row * per_task))
+                        .enumerate()
+                        .for_each(|(c, (b, dd))| {
+                            let rows_here = b.len() / body_row;
+                            for j in 0..rows_here {
+                                layout::split_row(
+                                    sd,
+                                    source.row(row + c * per_task + j),
+                                    &mut b[j * body_row..(j + 1) * body_row],
+                                    &mut dd[j * d_row..(j + 1) * d_row],
+                                );
+                            }
+                        });
+                };
+                let copies = [
+                    StagedCopy {
+                        dst: &buffer,
+                        dst_offset: (r0 * body_row) as u64,
+                        src_offset: 0,
+                        size: body_copy as u64,
+                    },
+                    StagedCopy {
+                        dst: &buffer,
+                        dst_offset: (d_base + r0 * d_row) as u64,
+                        src_offset: body_copy as u64,
+                        size: d_len.div_ceil(4) as u64 * 4,
+                    },
+                ];
+                ctx.stage(body_copy + d_len, fill, &copies)?;
+            }
+            None => {
+                let len = n * row_bytes;
+                let fill = |out: &mut [u8]| {
+                    out.par_chunks_mut(row_bytes * per_task)
+                        .enumerate()
+                        .for_each(|(c, o)| source.copy_rows(row + c * per_task, o));
+                };
+                let copies = [StagedCopy {
+                    dst: &buffer,
+                    dst_offset: (r0 * row_bytes) as u64,
+                    src_offset: 0,
+                    size: len.div_ceil(4) as u64 * 4,
+                }];
+                ctx.stage(len, fill, &copies)?;
+            }
+        }
+        r0 += n;
+    }
+    Ok((buffer, d_base))
 }
 
 /// A storage buffer holding `bytes`, zero-padded to a multiple of 4 bytes.

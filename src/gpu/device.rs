@@ -156,6 +156,10 @@ pub struct GpuContext {
     /// demand and shared by every sequence of the context (each use is recorded right after the
     /// copy that fills it).
     xperm: Mutex<Option<super::buffers::GpuBuf>>,
+    /// The staging buffers of weight uploads (`crate::gpu::upload`), while a load runs.
+    pub(super) staging: Mutex<Option<super::upload::StagingRing>>,
+    /// The most bytes of one staged batch.
+    pub(super) staging_limit: std::sync::atomic::AtomicUsize,
 }
 
 impl GpuContext {
@@ -243,6 +247,8 @@ impl GpuContext {
             uncaptured,
             grids: Mutex::new(std::collections::HashMap::new()),
             xperm: Mutex::new(None),
+            staging: Mutex::new(None),
+            staging_limit: std::sync::atomic::AtomicUsize::new(super::upload::STAGING_BYTES),
         }))
     }
 

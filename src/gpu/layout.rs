@@ -78,6 +78,22 @@ pub fn split_rows(split: SplitD, blocks_per_row: usize, n_rows: usize, data: &[u
     out
 }
 
+/// One GGUF row `src` in the split layout: its block bodies into `body`, its scales into `d`.
+pub fn split_row(split: SplitD, src: &[u8], body: &mut [u8], d: &mut [u8]) {
+    let bb = split.body_bytes();
+    let blocks = src.chunks_exact(split.block_bytes);
+    for ((block, out), dd) in blocks
+        .zip(body.chunks_exact_mut(bb))
+        .zip(d.chunks_exact_mut(2))
+    {
+        let (before, rest) = block.split_at(split.d_offset);
+        let (scale, after) = rest.split_at(2);
+        out[..before.len()].copy_from_slice(before);
+        out[before.len()..].copy_from_slice(after);
+        dd.copy_from_slice(scale);
+    }
+}
+
 /// Write rows `first_row..` (as many as `data` holds) of a split part of `n_rows` rows into `out`,
 /// which holds the whole part.
 pub fn write_split_rows(

@@ -19,6 +19,7 @@ pub mod proj;
 pub mod shaders;
 pub mod tiered;
 pub mod topk;
+pub mod upload;
 
 pub use device::{AdapterSummary, GpuContext, list_adapters};
 

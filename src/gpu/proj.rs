@@ -9,7 +9,7 @@
 use crate::gguf::types::GgmlType;
 use crate::model::weights::QuantMatrix;
 
-use super::buffers::GpuWeight;
+use super::buffers::{GpuWeight, Placement};
 use super::kernels::{Recorder, View};
 use super::matvec::{self, ConvStore, InputNorm, SegFusion, Store, XForm};
 use super::{GpuContext, GpuError};
@@ -73,11 +73,9 @@ impl MultiProj {
             groups.len() <= 3 && all.iter().all(|m| m.ty == first.ty && m.cols == first.cols);
         if joinable {
             let rows: usize = group_rows.iter().sum();
-            let mut bytes = Vec::with_capacity(all.iter().map(|m| m.bytes.len()).sum());
-            for m in &all {
-                bytes.extend_from_slice(m.bytes);
-            }
-            let w = GpuWeight::upload(ctx, name, first.ty, first.cols, rows, 1, &bytes)?;
+            let pieces: Vec<&[u8]> = all.iter().map(|m| m.bytes).collect();
+            let shape = (first.ty, first.cols, rows, 1);
+            let w = GpuWeight::upload_pieces(ctx, name, shape, &pieces, None, Placement::Vram)?;
             return Ok(Self {
                 fused: Some(w),
                 separate: Vec::new(),

@@ -42,7 +42,7 @@ pub(super) fn upload_expert_units(
         return Err(GpuError::BadArgs(format!("{name}: no experts")));
     };
     let n = units.len();
-    let mut bytes = Vec::with_capacity(first.bytes().len() * n * lists.len());
+    let mut pieces: Vec<&[u8]> = Vec::with_capacity(n * lists.len());
     for &e in units {
         let e = e as usize;
         for list in lists {
@@ -56,12 +56,12 @@ pub(super) fn upload_expert_units(
                     "{name}: experts differ in shape or type"
                 )));
             }
-            bytes.extend_from_slice(m.bytes());
+            pieces.push(m.bytes());
         }
     }
     let unit_rows = first.rows * lists.len();
     let shape = (first.ty, first.cols, unit_rows * n, unit_rows);
-    GpuWeight::upload_in(ctx, name, shape, &bytes, None, placement)
+    GpuWeight::upload_pieces(ctx, name, shape, &pieces, None, placement)
 }
 
 /// Whether expert gate and up can share one tensor (same type and shape).
@@ -529,6 +529,7 @@ impl GpuBackend {
             }
             _ => None,
         };
+        ctx.release_staging()?;
         ctx.wait()?;
         let info = ModelInfo {
             name: config.name.clone(),
