@@ -295,14 +295,10 @@ impl<'a> RowSource<'a> {
     }
 
     /// The piece holding row `r` and the row's index in it (`r` below the total, as checked
-    /// against the tensor's size; empty pieces are skipped).
+    /// against the tensor's size). The last piece starting at or before `r` holds it: an empty
+    /// piece shares its start with the next one.
     fn locate(&self, r: usize) -> (&'a [u8], usize) {
-        let mut p = self.starts.partition_point(|&s| s <= r).saturating_sub(1);
-        while p + 1 < self.pieces.len()
-            && self.pieces[p].len() / self.row_bytes <= r - self.starts[p]
-        {
-            p += 1;
-        }
+        let p = self.starts.partition_point(|&s| s <= r).saturating_sub(1);
         (self.pieces[p], r - self.starts[p])
     }
 
