@@ -1,8 +1,8 @@
 // Indexed sparse attention (model-spec 2.7).
 //   rope:       partial NeoX rotation of `heads` vectors per row, angles from a host table
 //               (cos, sin per position and pair; GPU sin/cos of large angles is not accurate).
-//   qsa_score:  per (block, query token): the complete blocks' scores, where a token has more
-//               blocks than the budget;
+//   qsa_score:  per (block, group of 16 query tokens): the complete blocks' scores, where a token
+//               has more blocks than the budget (the group's keys staged once in workgroup memory);
 //   qsa_select: per query token: keep the top `budget` of those scores (lowest block id wins
 //               ties; a radix select, see select_top), written ascending; with nb <= budget every
 //               block is kept.
@@ -69,63 +69,80 @@ fn rope(@builtin(global_invocation_id) id: vec3<u32>) {
 
 const WG: u32 = 64u;
 
-// Block b's score for token t: sum over the indexer heads of max(q_h . k_b, 0), times the scale.
-// Each dot adds its products in dim order; eight dims' loads are issued before their adds (a
-// decode step scores every block of a long context at once, and one load per add would put a
-// memory latency on each of the 512 steps).
-fn block_score(t: u32, b: u32) -> f32 {
-    var total = 0.0;
-    let kb = b * p.idim;
+// Tokens per qsa_score workgroup: each staged block key serves all of them.
+const SCORE_TOKENS: u32 = 16u;
+// Largest indexer head dim whose keys are staged in workgroup memory (wider ones are read from
+// the buffer: the same arithmetic, only slower). A key takes idim + 1 floats there, so that the
+// lanes, each reading its own key at the same dim, hit distinct banks.
+const SCORE_MAX_DIM: u32 = 128u;
+var<workgroup> KEYS: array<f32, 8256>; // WG * (SCORE_MAX_DIM + 1)
+
+// Dim i of the key of this invocation's block (staged at `at`, or block b's row of BK).
+fn staged_key(staged: bool, at: u32, b: u32, i: u32) -> f32 {
+    if (staged) {
+        return KEYS[at + i];
+    }
+    return BK[b * p.idim + i];
+}
+
+// The scores of block b for tokens t0 .. t0 + 3 (indices past the chunk read its last token):
+// for each, the sum over the indexer heads (in order) of max(q_h . k_b, 0), times the scale, each
+// dot a chain of fma over the dims in order. The same arithmetic for every token and block,
+// whichever tile, slot or chunk computes it: prefill and decode give the same bits.
+fn block_scores4(t0: u32, b: u32, staged: bool, at: u32) -> vec4<f32> {
+    let last = p.tokens - 1u;
+    let row = p.heads * p.idim;
+    let q = (vec4<u32>(p.first) + min(vec4<u32>(t0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)))
+        * row;
+    var total = vec4<f32>(0.0);
     for (var h = 0u; h < p.heads; h++) {
-        let qb = (p.first + t) * p.heads * p.idim + h * p.idim;
-        var d = 0.0;
-        var i = 0u;
-        for (; i + 8u <= p.idim; i += 8u) {
-            let x0 = IQ[qb + i];
-            let x1 = IQ[qb + i + 1u];
-            let x2 = IQ[qb + i + 2u];
-            let x3 = IQ[qb + i + 3u];
-            let x4 = IQ[qb + i + 4u];
-            let x5 = IQ[qb + i + 5u];
-            let x6 = IQ[qb + i + 6u];
-            let x7 = IQ[qb + i + 7u];
-            let k0 = BK[kb + i];
-            let k1 = BK[kb + i + 1u];
-            let k2 = BK[kb + i + 2u];
-            let k3 = BK[kb + i + 3u];
-            let k4 = BK[kb + i + 4u];
-            let k5 = BK[kb + i + 5u];
-            let k6 = BK[kb + i + 6u];
-            let k7 = BK[kb + i + 7u];
-            d += x0 * k0;
-            d += x1 * k1;
-            d += x2 * k2;
-            d += x3 * k3;
-            d += x4 * k4;
-            d += x5 * k5;
-            d += x6 * k6;
-            d += x7 * k7;
+        let qh = q + vec4<u32>(h * p.idim);
+        var d = vec4<f32>(0.0);
+        for (var i = 0u; i < p.idim; i++) {
+            let k = staged_key(staged, at, b, i);
+            d = vec4<f32>(fma(IQ[qh.x + i], k, d.x), fma(IQ[qh.y + i], k, d.y),
+                          fma(IQ[qh.z + i], k, d.z), fma(IQ[qh.w + i], k, d.w));
         }
-        for (; i < p.idim; i++) {
-            d += IQ[qb + i] * BK[kb + i];
-        }
-        total += max(d, 0.0);
+        total += max(d, vec4<f32>(0.0));
     }
     return total * p.scale;
 }
 
-// Grid (block groups of WG, tokens): the scores of every block of the tokens that have more
-// blocks than the budget, one invocation per block, into SC for qsa_select. Spread over as many
-// workgroups as there are blocks: a decode step at depth 32K scores 8,192 blocks at once.
+// Grid (block groups of WG, token groups of SCORE_TOKENS): the scores of every block of the
+// tokens that have more blocks than the budget, one invocation per block, into SC for
+// qsa_select. The group's block keys are staged once (coalesced) and serve every token of the
+// group; a decode step at depth 32K scores 8,192 blocks over 128 workgroups.
 @compute @workgroup_size(WG)
 fn qsa_score(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let t = wg.y;
-    let nb = (p.pos0 + t + 1u) / p.ratio;
-    let b = wg.x * WG + lid.x;
-    if (nb <= p.budget || b >= nb) {
+    let t0 = wg.y * SCORE_TOKENS;
+    let t_end = min(t0 + SCORE_TOKENS, p.tokens);
+    let b0 = wg.x * WG;
+    // Blocks of the group's last token: the most any of its tokens has (uniform).
+    let most = (p.pos0 + t_end) / p.ratio;
+    if (t0 >= p.tokens || most <= p.budget || b0 >= most) {
         return;
     }
-    SC[t * 2u * p.max_blocks + b] = block_score(t, b);
+    let staged = p.idim <= SCORE_MAX_DIM;
+    let stride = p.idim + 1u;
+    if (staged) {
+        let n = min(WG, most - b0) * p.idim;
+        for (var j = lid.x; j < n; j += WG) {
+            KEYS[(j / p.idim) * stride + j % p.idim] = BK[b0 * p.idim + j];
+        }
+    }
+    workgroupBarrier();
+    let b = b0 + lid.x;
+    let at = lid.x * stride;
+    for (var g = t0; g < t_end; g += 4u) {
+        let s = block_scores4(g, b, staged, at);
+        for (var j = 0u; j < 4u; j++) {
+            let t = g + j;
+            let nb = (p.pos0 + t + 1u) / p.ratio;
+            if (t < t_end && nb > p.budget && b < nb) {
+                SC[t * 2u * p.max_blocks + b] = s[j];
+            }
+        }
+    }
 }
 
 // One workgroup per token: its selected blocks from the scores qsa_score left in SC (all of its

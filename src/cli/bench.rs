@@ -82,6 +82,10 @@ pub struct Args {
     /// batched pass. Reports the aggregate tok/s.
     #[arg(long, default_value = "")]
     pub parallel: String,
+    /// Profile the prefill chunk that starts at this depth (tokens already in the sequence,
+    /// fed unprofiled first) instead of one at depth 0: what long prompts cost per kernel.
+    #[arg(long, default_value_t = 0)]
+    pub profile_at: usize,
     /// Write the JSON report here as well as printing it.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -682,7 +686,11 @@ fn bench_model(
     let model_ctx = crate::model::config::Config::from_gguf(&gguf)?.context_length;
     let ablate_tokens = (args.ablate + 2) * ABLATE_STEPS;
     let ctx_len = if args.ctx == 0 {
-        (longest.max(shortest + args.decode.max(ablate_tokens)) + 1).min(model_ctx)
+        (longest
+            .max(shortest + args.decode.max(ablate_tokens))
+            .max(args.profile_at + longest)
+            + 1)
+        .min(model_ctx)
     } else {
         args.ctx
     };
@@ -778,12 +786,18 @@ fn bench_model(
         (Some(b), Some(k)) if args.ablate > 0 => Some(ablate(b, &base, k, args.ablate)?),
         _ => None,
     };
-    // One full prefill chunk of the longest prompt.
+    // One full prefill chunk of the longest prompt, at depth `--profile-at`.
     let prefill_kernels = match &gpu_backend {
         Some(b) => {
             let n = longest.min(b.max_chunk());
-            let what = format!("prefill chunk of {n} tokens");
-            Some(profile_feed(b.sequence()?, &bench_tokens(n, vocab), &what)?)
+            let depth = args.profile_at;
+            let tokens = bench_tokens(depth + n, vocab);
+            let mut seq = b.sequence()?;
+            if depth > 0 {
+                seq.feed(&tokens[..depth], false)?;
+            }
+            let what = format!("prefill chunk of {n} tokens at depth {depth}");
+            Some(profile_feed(seq, &tokens[depth..], &what)?)
         }
         None => None,
     };

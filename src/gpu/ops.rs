@@ -962,6 +962,8 @@ pub fn rope(
 
 /// Invocations of a `qsa_score` workgroup (shaders/qsa.wgsl `WG`): one block each.
 const QSA_SCORE_WG: usize = 64;
+/// Query tokens per `qsa_score` workgroup (`SCORE_TOKENS`): each staged block key serves them all.
+const QSA_SCORE_TOKENS: usize = 16;
 
 /// Block selection per query token (see shaders/qsa.wgsl): the blocks' scores spread over many
 /// workgroups (`qsa_score`, only where some token has more blocks than the budget), then one
@@ -1003,7 +1005,11 @@ pub fn qsa_select(
                 (4, &*scratch.buffer),
             ],
             bytemuck::bytes_of(params),
-            [u(most_blocks.div_ceil(QSA_SCORE_WG))?, u(t)?, 1],
+            [
+                u(most_blocks.div_ceil(QSA_SCORE_WG))?,
+                u(t.div_ceil(QSA_SCORE_TOKENS))?,
+                1,
+            ],
         )?;
     }
     rec.push(
