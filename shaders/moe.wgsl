@@ -237,12 +237,14 @@ fn moe_router(@builtin(workgroup_id) wg: vec3<u32>,
         total += won.value;
         if (lane == 0u) {
             IDS[t * p.k + slot] = won.id;
-            WTS[t * p.k + slot] = won.value;
+            // Kept in workgroup memory (free since the last rt_reduce), not reread from WTS: a
+            // read after a store to a storage buffer is a memory round trip per slot.
+            rt_part[slot] = won.value;
         }
     }
     if (lane == 0u) {
         for (var slot = 0u; slot < p.k; slot++) {
-            WTS[t * p.k + slot] = WTS[t * p.k + slot] / total;
+            WTS[t * p.k + slot] = rt_part[slot] / total;
         }
     }
 }

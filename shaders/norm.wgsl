@@ -238,3 +238,76 @@ fn rmsnorm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
     }
 }
+
+// rmsnorm_rope over two sets of groups in one dispatch (the queries' heads and the keys' heads of
+// an attention layer, which sit in different buffers): workgroups x < p.groups take set A (Y, Wt,
+// p.in_*), the rest set B (Y2, W2, its offset and strides in p.out_*, unused in place). Both share
+// n, mode, eps, scale, the weight period and the rotation. Each group's arithmetic is
+// rmsnorm_rope's, so the same bits as two dispatches. The branch is uniform per workgroup, so the
+// barrier inside block_sum stays in uniform control flow.
+@group(0) @binding(5) var<storage, read_write> Y2: array<f32>;
+@group(0) @binding(6) var<storage, read> W2: array<f32>;
+
+fn sum_sq_y2(base: u32, l: u32) -> f32 {
+    var acc = 0.0;
+    var i = l;
+    for (; i + 3u * WG < p.n; i += 4u * WG) {
+        let a = Y2[base + i];
+        let b = Y2[base + i + WG];
+        let c = Y2[base + i + 2u * WG];
+        let d = Y2[base + i + 3u * WG];
+        acc = fma(d, d, fma(c, c, fma(b, b, fma(a, a, acc))));
+    }
+    for (; i < p.n; i += WG) {
+        let v = Y2[base + i];
+        acc = fma(v, v, acc);
+    }
+    return acc;
+}
+
+fn weight2(g: u32, i: u32) -> f32 {
+    if (p.w_period == 0u) {
+        return 1.0;
+    }
+    return W2[(g * p.n + i) % p.w_period];
+}
+
+@compute @workgroup_size(WG)
+fn rmsnorm_rope2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
+        @builtin(num_subgroups) n_sg: u32) {
+    let t = wg.y;
+    let pos = p.pos0 + t * p.pos_step;
+    let lane = Lane(sg_lane, sg_id, n_sg);
+    if (wg.x < p.groups) {
+        let g = wg.x;
+        let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
+        let inv = inv_norm(block_sum(sum_sq_y(base, lid.x), lane));
+        for (var i = lid.x; i < p.half; i += WG) {
+            let a = Y[base + i] * inv * weight(g, i) * p.scale;
+            let b = Y[base + p.half + i] * inv * weight(g, p.half + i) * p.scale;
+            let c = ROPE[(pos * p.half + i) * 2u];
+            let s = ROPE[(pos * p.half + i) * 2u + 1u];
+            Y[base + i] = a * c - b * s;
+            Y[base + p.half + i] = b * c + a * s;
+        }
+        for (var i = 2u * p.half + lid.x; i < p.n; i += WG) {
+            Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
+        }
+    } else {
+        let g = wg.x - p.groups;
+        let base = p.out_off + t * p.out_tstride + g * p.out_gstride;
+        let inv = inv_norm(block_sum(sum_sq_y2(base, lid.x), lane));
+        for (var i = lid.x; i < p.half; i += WG) {
+            let a = Y2[base + i] * inv * weight2(g, i) * p.scale;
+            let b = Y2[base + p.half + i] * inv * weight2(g, p.half + i) * p.scale;
+            let c = ROPE[(pos * p.half + i) * 2u];
+            let s = ROPE[(pos * p.half + i) * 2u + 1u];
+            Y2[base + i] = a * c - b * s;
+            Y2[base + p.half + i] = b * c + a * s;
+        }
+        for (var i = 2u * p.half + lid.x; i < p.n; i += WG) {
+            Y2[base + i] = Y2[base + i] * inv * weight2(g, i) * p.scale;
+        }
+    }
+}

@@ -658,6 +658,99 @@ fn rmsnorm_rope_matches_the_separate_kernels() {
     }
 }
 
+/// The two-set form (`rmsnorm_rope2`: an attention layer's query and key heads in one dispatch)
+/// against `rmsnorm_rope` on each set: heads of 36 and 300 values (one and two passes of the
+/// workgroup), 3 and 2 groups in different buffers with their own offsets, strides and weights,
+/// positions from 1000. Within 1e-6 relative (a compiler may contract `a * c - b * s` differently
+/// in another kernel); the values outside the groups untouched.
+#[test]
+fn rmsnorm_rope2_matches_one_set_at_a_time() {
+    let Some(ctx) = context() else { return };
+    for (hd, rotary) in [(36, 16), (300, 64)] {
+        let (tokens, pos0, half) = (4, 1000, rotary / 2);
+        let inv = cpu::rope_inv_freqs(1e7, rotary);
+        let mut table = vec![0f32; (pos0 + tokens) * half * 2];
+        let (mut c, mut s) = (vec![0f32; half], vec![0f32; half]);
+        for p in 0..pos0 + tokens {
+            cpu::rope_cos_sin(p, &inv, &mut c, &mut s);
+            for i in 0..half {
+                table[(p * half + i) * 2] = c[i];
+                table[(p * half + i) * 2 + 1] = s[i];
+            }
+        }
+        let tb = upload(&ctx, &table);
+        let dummy = GpuBuf::zeros(&ctx, "dummy", 4).expect("dummy");
+        // Set A: 3 heads, each followed by a gate half (stride 2 hd), from offset 5; set B: 2
+        // packed heads from offset 3 * hd.
+        let ga = Groups {
+            n: hd,
+            groups: 3,
+            off: 5,
+            group_stride: 2 * hd,
+            token_stride: 6 * hd + 1,
+        };
+        let gb = Groups {
+            n: hd,
+            groups: 2,
+            off: 3 * hd,
+            group_stride: hd,
+            token_stride: 2 * hd,
+        };
+        let xa = random_vec(5 + tokens * (6 * hd + 1), 41);
+        let xb = random_vec(3 * hd + tokens * 2 * hd + 7, 42);
+        let (wa, wb) = (
+            upload(&ctx, &random_vec(hd, 43)),
+            upload(&ctx, &random_vec(hd, 44)),
+        );
+        let spec = |w| NormSpec {
+            mode: NormMode::Rms,
+            eps: 1e-6,
+            scale: 1.0,
+            weight: Some((w, hd)),
+        };
+        let (sa, sb) = (spec(&wa), spec(&wb));
+        let (one_a, one_b) = (upload(&ctx, &xa), upload(&ctx, &xb));
+        let mut rec = Recorder::new();
+        for (sp, y, g) in [(&sa, &one_a, ga), (&sb, &one_b, gb)] {
+            gops::rmsnorm_rope(&ctx, &mut rec, sp, y, g, tokens, &dummy, &tb, half, pos0, 1)
+                .expect("one set");
+        }
+        rec.run(&ctx).expect("run");
+        let (two_a, two_b) = (upload(&ctx, &xa), upload(&ctx, &xb));
+        let mut rec = Recorder::new();
+        gops::rmsnorm_rope2(
+            &ctx,
+            &mut rec,
+            gops::RopeGroups {
+                spec: &sa,
+                y: &two_a,
+                groups: ga,
+            },
+            gops::RopeGroups {
+                spec: &sb,
+                y: &two_b,
+                groups: gb,
+            },
+            tokens,
+            &dummy,
+            &tb,
+            half,
+            pos0,
+        )
+        .expect("two sets");
+        assert_eq!(rec.len(), 1, "one dispatch for both sets");
+        rec.run(&ctx).expect("run");
+        for (one, two, x, name) in [
+            (&one_a, &two_a, &xa, "set A"),
+            (&one_b, &two_b, &xb, "set B"),
+        ] {
+            let (want, got) = (download(&ctx, one, x.len()), download(&ctx, two, x.len()));
+            assert!(want != *x, "{name}: the groups were normed");
+            close(&got, &want, 1e-6, &format!("rmsnorm_rope2 hd {hd} {name}"));
+        }
+    }
+}
+
 /// MoE router: softmax over all experts, top-k with the lowest id winning ties, renormalised —
 /// against `model::ops::{softmax, top_k}`; includes rows with exact ties. (1e-6 relative.)
 #[test]

@@ -26,7 +26,7 @@ fn need(buf: &GpuBuf, len: usize, what: &str) -> Result<(), GpuError> {
 }
 
 /// Which norm `rmsnorm` computes.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum NormMode {
     /// x / sqrt(mean(x^2) + eps)
     Rms,
@@ -204,6 +204,77 @@ pub fn rmsnorm_rope(
         &[(1, &*y.buffer), (2, &*w.buffer), (4, &*table.buffer)],
         &params,
         [u(groups.groups)?, u(tokens)?, 1],
+    )
+}
+
+/// One set of groups for [`rmsnorm_rope2`]: its norm, buffer and layout.
+#[derive(Clone, Copy)]
+pub struct RopeGroups<'a> {
+    pub spec: &'a NormSpec<'a>,
+    pub y: &'a GpuBuf,
+    pub groups: Groups,
+}
+
+/// [`rmsnorm_rope`] over two sets of groups at the same positions (an attention layer's query
+/// heads and key heads) in one dispatch when their norms differ only in the weight buffer, else
+/// as two dispatches; each group's bits are [`rmsnorm_rope`]'s either way.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_rope2(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    a: RopeGroups,
+    b: RopeGroups,
+    tokens: usize,
+    dummy: &GpuBuf,
+    table: &GpuBuf,
+    half: usize,
+    pos0: usize,
+) -> Result<(), GpuError> {
+    let period = |s: &NormSpec| s.weight.map(|(_, p)| p);
+    let shared = a.spec.mode == b.spec.mode
+        && a.spec.eps.to_bits() == b.spec.eps.to_bits()
+        && a.spec.scale.to_bits() == b.spec.scale.to_bits()
+        && period(a.spec) == period(b.spec)
+        && a.groups.n == b.groups.n;
+    if !shared || tokens == 0 || a.groups.groups == 0 || b.groups.groups == 0 {
+        for g in [a, b] {
+            rmsnorm_rope(
+                ctx, rec, g.spec, g.y, g.groups, tokens, dummy, table, half, pos0, 1,
+            )?;
+        }
+        return Ok(());
+    }
+    need(a.y, a.groups.end(tokens), "rmsnorm input")?;
+    need(b.y, b.groups.end(tokens), "rmsnorm input")?;
+    if 2 * half > a.groups.n {
+        return Err(GpuError::BadArgs(format!(
+            "rotating {half} pairs of a group of {}",
+            a.groups.n
+        )));
+    }
+    need(
+        table,
+        (pos0 + tokens) * half * 2,
+        "rope table (context too long?)",
+    )?;
+    let wa = weight_or(a.spec, dummy)?;
+    let wb = weight_or(b.spec, dummy)?;
+    // Set B's layout travels in the out_* fields (unused in place).
+    let mut params = norm_params(a.spec, a.groups, b.groups, tokens)?;
+    let n = params.len();
+    params[n - 12..].copy_from_slice(&words(&[u(half)?, u(pos0)?, 1]));
+    rec.push(
+        ctx,
+        &PipelineKey::new("norm", "rmsnorm_rope2"),
+        &[
+            (1, &*a.y.buffer),
+            (2, &*wa.buffer),
+            (4, &*table.buffer),
+            (5, &*b.y.buffer),
+            (6, &*wb.buffer),
+        ],
+        &params,
+        [u(a.groups.groups + b.groups.groups)?, u(tokens)?, 1],
     )
 }
 

@@ -128,35 +128,30 @@ impl GpuSequence {
             group_stride: 2 * hd,
             token_stride: qg,
         };
-        // Per-head q and k norms with their rotations, one dispatch each.
-        ops::rmsnorm_rope(
+        // Per-head q and k norms with their rotations, in one dispatch.
+        let q_spec = self.norm_spec(Some((&w.q_norm, hd)));
+        let k_spec = self.norm_spec(Some((&w.k_norm, hd)));
+        ops::rmsnorm_rope2(
             c,
             rec,
-            &self.norm_spec(Some((&w.q_norm, hd))),
-            &cols.query_gate,
-            q_heads,
-            t,
-            &b.dummy,
-            &b.rope_table,
-            half,
-            pos0,
-            1,
-        )?;
-        ops::rmsnorm_rope(
-            c,
-            rec,
-            &self.norm_spec(Some((&w.k_norm, hd))),
-            key_rows,
-            Groups {
-                off: kv_off,
-                ..Groups::packed(hd, a.n_head_kv)
+            ops::RopeGroups {
+                spec: &q_spec,
+                y: &cols.query_gate,
+                groups: q_heads,
+            },
+            ops::RopeGroups {
+                spec: &k_spec,
+                y: key_rows,
+                groups: Groups {
+                    off: kv_off,
+                    ..Groups::packed(hd, a.n_head_kv)
+                },
             },
             t,
             &b.dummy,
             &b.rope_table,
             half,
             pos0,
-            1,
         )?;
         if staged {
             for (stage, cache) in [(&cols.key_stage, keys), (&cols.value_stage, values)] {
