@@ -28,6 +28,7 @@ use crate::gpu::buffers::{GpuBuf, GpuWeight};
 use crate::gpu::kernels::{self, Recorder, View};
 use crate::gpu::pipelines::PipelineKey;
 
+mod long;
 mod parallel;
 
 #[derive(clap::Args, Debug)]
@@ -86,6 +87,12 @@ pub struct Args {
     /// fed unprofiled first) instead of one at depth 0: what long prompts cost per kernel.
     #[arg(long, default_value_t = 0)]
     pub profile_at: usize,
+    /// Long-context run: prefill the longest `--prefill` length once into one sequence (the
+    /// pipelines are built first on a prompt of two chunks; progress every 16,384 tokens), then
+    /// decode `--decode` tokens at that depth, and report the VRAM this process uses. No warm-up
+    /// of the whole prompt and no sampled, parallel or profiled runs. GPU only.
+    #[arg(long)]
+    pub long: bool,
     /// Write the JSON report here as well as printing it.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -105,6 +112,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Some(other) => {
             anyhow::bail!("unknown synthetic benchmark {other:?} (expected matvec, small or full)")
+        }
+        None if args.long => {
+            let longest = args
+                .prefill
+                .split(',')
+                .map(|s| {
+                    s.trim()
+                        .parse::<usize>()
+                        .with_context(|| format!("bad prefill length {s:?}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+                .into_iter()
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            long::run(
+                open_gguf(args.model.as_deref())?,
+                longest,
+                args.decode,
+                args.prefill_chunk,
+                &args.tiers,
+            )?
         }
         None => bench_model(&args, None)?,
     };

@@ -9,11 +9,20 @@ use super::GpuContext;
 
 /// Bytes of device-local memory this process may still allocate, when the adapter reports it.
 pub fn free_device_memory(ctx: &GpuContext) -> Option<u64> {
-    vulkan_free(&ctx.device)
+    vulkan_heap(&ctx.device)
+        .map(|(budget, usage)| budget.saturating_sub(usage))
+        .filter(|&free| free > 0)
 }
 
+/// Bytes of device-local memory this process uses now (the driver's figure for the heap that
+/// [`free_device_memory`] reads), when the adapter reports it.
+pub fn used_device_memory(ctx: &GpuContext) -> Option<u64> {
+    vulkan_heap(&ctx.device).map(|(_, usage)| usage)
+}
+
+/// The (budget, this process's usage) of the device-local heap with the most room left.
 #[cfg(not(target_vendor = "apple"))]
-fn vulkan_free(device: &wgpu::Device) -> Option<u64> {
+fn vulkan_heap(device: &wgpu::Device) -> Option<(u64, u64)> {
     use ash::vk;
     // SAFETY: the hal device is only read (its handles are used for one query that creates or
     // destroys nothing), and it outlives this call.
@@ -35,13 +44,12 @@ fn vulkan_free(device: &wgpu::Device) -> Option<u64> {
                     .flags
                     .contains(vk::MemoryHeapFlags::DEVICE_LOCAL)
             })
-            .map(|i| budget.heap_budget[i].saturating_sub(budget.heap_usage[i]))
-            .max()
-            .filter(|&free| free > 0)
+            .map(|i| (budget.heap_budget[i], budget.heap_usage[i]))
+            .max_by_key(|&(b, u)| b.saturating_sub(u))
     }
 }
 
 #[cfg(target_vendor = "apple")]
-fn vulkan_free(_device: &wgpu::Device) -> Option<u64> {
+fn vulkan_heap(_device: &wgpu::Device) -> Option<(u64, u64)> {
     None
 }
