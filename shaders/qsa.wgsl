@@ -146,9 +146,14 @@ fn qsa_score(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
 }
 
 // One workgroup per token: its selected blocks from the scores qsa_score left in SC (all of its
-// blocks when they are within the budget).
-@compute @workgroup_size(WG)
-fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+// blocks when they are within the budget). SEL_WG invocations: a decode step has one token, so
+// one workgroup does all of its selection (65,536 blocks at 262K tokens).
+const SEL_WG: u32 = 256u;
+
+@compute @workgroup_size(SEL_WG)
+fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+              @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32,
+              @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) n_sg: u32) {
     let t = wg.x;
     let pos = p.pos0 + t;
     let nb = (pos + 1u) / p.ratio;
@@ -158,12 +163,12 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
         if (lid.x == 0u) {
             SEL[sel] = nb;
         }
-        for (var b = lid.x; b < nb; b += WG) {
+        for (var b = lid.x; b < nb; b += SEL_WG) {
             SEL[sel + 1u + b] = b;
         }
         return;
     }
-    select_top(sc, sel, nb, lid.x);
+    select_top(sc, sel, nb, SelLane(lid.x, lane, sg_size, sg_id, n_sg));
 }
 
 // The budget blocks of highest score (lowest id first among equal scores), ascending, into
@@ -172,10 +177,20 @@ fn qsa_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
 // by ranking every pair: a radix select of the budget-th largest score over its order-preserving
 // 32-bit key (4 passes of 8 bits, integer counts), then the blocks above it and the first of the
 // blocks equal to it, in id order (prefix sums over the invocations' contiguous ranges). Integer
-// work only on the scores: the same choice as the pairwise rule, whatever the timing.
+// work only on the scores: the same choice as the pairwise rule, whatever the timing, the
+// workgroup size or the subgroup size.
 var<workgroup> HIST: array<atomic<u32>, 256>;
 var<workgroup> PICK: array<u32, 2>;
-var<workgroup> COUNTS: array<u32, WG>;
+// Per-subgroup totals of a scan (at least 4 lanes per subgroup).
+var<workgroup> SG_TOTALS: array<u32, 64>;
+
+struct SelLane {
+    lid: u32,
+    lane: u32,
+    sg_size: u32,
+    sg_id: u32,
+    n_sg: u32,
+}
 
 // A key that orders as the float does (-0 and +0 equal).
 fn order_key(v: f32) -> u32 {
@@ -189,56 +204,76 @@ fn order_key(v: f32) -> u32 {
     return k | 0x80000000u;
 }
 
-// Exclusive prefix sum of COUNTS (in invocation order) for invocation `lid`, and the total.
-// Called by every invocation (it holds barriers).
-fn counts_before(lid: u32, mine: u32) -> vec2<u32> {
-    COUNTS[lid] = mine;
+// (exclusive prefix sum of `mine` over the invocations in order, total): subgroup scans, then the
+// subgroups' totals in subgroup order. Integer sums, so exact. Called by every invocation (it
+// holds barriers).
+fn scan_before(l: SelLane, mine: u32) -> vec2<u32> {
+    let incl = subgroupInclusiveAdd(mine);
+    if (l.lane == l.sg_size - 1u) {
+        SG_TOTALS[l.sg_id] = incl;
+    }
     workgroupBarrier();
     var before = 0u;
     var total = 0u;
-    for (var i = 0u; i < WG; i++) {
-        let c = COUNTS[i];
-        if (i < lid) {
+    for (var g = 0u; g < l.n_sg; g++) {
+        let c = SG_TOTALS[g];
+        if (g < l.sg_id) {
             before += c;
         }
         total += c;
     }
     workgroupBarrier();
-    return vec2<u32>(before, total);
+    return vec2<u32>(before + incl - mine, total);
 }
 
-fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
+// Count the keys of blocks lid, lid + SEL_WG, ... whose bits above `shift + 8` equal `prefix`
+// (all of them in round 0) into HIST by their next 8 bits. A subgroup whose live lanes all fall
+// in one bin adds once (the top bits of the scores are mostly equal, and per-lane atomics on one
+// bin serialise).
+fn histogram(sc: u32, nb: u32, l: SelLane, shift: u32, prefix: u32, first_round: bool) {
+    for (var base = 0u; base < nb; base += SEL_WG) {
+        let b = base + l.lid;
+        var bin = 256u;
+        if (b < nb) {
+            let k = order_key(SC[sc + b]);
+            let high = select(k >> (shift + 8u), 0u, first_round);
+            if (high == prefix) {
+                bin = (k >> shift) & 0xffu;
+            }
+        }
+        // Every lane is live here (the loop and the returns before it are uniform).
+        let lead = subgroupBroadcastFirst(bin);
+        if (subgroupAll(bin == lead)) {
+            let n = subgroupAdd(1u);
+            if (l.lane == 0u && lead < 256u) {
+                atomicAdd(&HIST[lead], n);
+            }
+        } else if (bin < 256u) {
+            atomicAdd(&HIST[bin], 1u);
+        }
+    }
+}
+
+fn select_top(sc: u32, sel: u32, nb: u32, l: SelLane) {
     // The budget-th largest key, 8 bits at a time from the top; `need`: how many of the blocks
     // equal to the bits fixed so far are still to be taken.
     var prefix = 0u;
     var need = p.budget;
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
-        for (var i = lid; i < 256u; i += WG) {
-            atomicStore(&HIST[i], 0u);
-        }
+        atomicStore(&HIST[l.lid], 0u);
         workgroupBarrier();
-        for (var b = lid; b < nb; b += WG) {
-            let k = order_key(SC[sc + b]);
-            let high = select(k >> (shift + 8u), 0u, round == 0u);
-            if (high == prefix) {
-                atomicAdd(&HIST[(k >> shift) & 0xffu], 1u);
-            }
-        }
+        histogram(sc, nb, l, shift, prefix, round == 0u);
         workgroupBarrier();
-        if (lid == 0u) {
-            var d = 255u;
-            var above = 0u;
-            loop {
-                let c = atomicLoad(&HIST[d]);
-                if (above + c >= need || d == 0u) {
-                    break;
-                }
-                above += c;
-                d -= 1u;
-            }
+        // Invocation i holds bin 255 - i: the keys above its bin are the scan before it. The bin
+        // where the count reaches `need` is the digit (bin 0 when the counts never reach it).
+        let d = 255u - l.lid;
+        let c = atomicLoad(&HIST[d]);
+        let above = scan_before(l, c);
+        let reached = above.x + c >= need;
+        if ((above.x < need && reached) || (d == 0u && above.y < need)) {
             PICK[0] = d;
-            PICK[1] = need - above;
+            PICK[1] = need - above.x;
         }
         workgroupBarrier();
         prefix = (prefix << 8u) | PICK[0];
@@ -247,14 +282,14 @@ fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
     }
     // Blocks above the threshold key, and the first `need` equal to it, in id order: each
     // invocation takes a contiguous range of ids.
-    let per = (nb + WG - 1u) / WG;
-    let first = min(nb, lid * per);
+    let per = (nb + SEL_WG - 1u) / SEL_WG;
+    let first = min(nb, l.lid * per);
     let end = min(nb, first + per);
     var ties = 0u;
     for (var b = first; b < end; b++) {
         ties += u32(order_key(SC[sc + b]) == prefix);
     }
-    let ties_before = counts_before(lid, ties).x;
+    let ties_before = scan_before(l, ties).x;
     var tie = ties_before;
     var taken = 0u;
     for (var b = first; b < end; b++) {
@@ -264,7 +299,7 @@ fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
         }
         tie += u32(k == prefix);
     }
-    let place = counts_before(lid, taken);
+    let place = scan_before(l, taken);
     tie = ties_before;
     var n = place.x;
     for (var b = first; b < end; b++) {
@@ -275,7 +310,7 @@ fn select_top(sc: u32, sel: u32, nb: u32, lid: u32) {
         }
         tie += u32(k == prefix);
     }
-    if (lid == 0u) {
+    if (l.lid == 0u) {
         SEL[sel] = place.y;
     }
 }

@@ -1191,12 +1191,19 @@ fn gdn_norm_case(ctx: &GpuContext, shape: GdnShape, tokens: usize) {
 /// QSA block selection over many blocks (the radix select): the kept blocks must be exactly those
 /// that fewer than `budget` blocks beat (a higher score, or the same score and a lower id), listed
 /// ascending, checked on the scores the kernel computed. Many blocks score exactly 0 (both heads'
-/// dots negative) and some are copies of others, so the threshold falls among ties.
+/// dots negative) and some are copies of others, so the threshold falls among ties. From 75 to
+/// 10,000 blocks per token (one selection workgroup walks them 256 at a time).
 #[test]
 fn qsa_select_keeps_the_top_blocks_of_many() {
     let Some(ctx) = context() else { return };
     let (ratio, idim, nih) = (4usize, 8usize, 2usize);
-    for (budget, pos0, tokens) in [(300usize, 3990usize, 3usize), (700, 3996, 2), (17, 300, 2)] {
+    // The last: a decode step (one token) over 10,000 blocks, the real budget of 512 blocks.
+    for (budget, pos0, tokens) in [
+        (300usize, 3990usize, 3usize),
+        (700, 3996, 2),
+        (17, 300, 2),
+        (512, 39_999, 1),
+    ] {
         let positions = pos0 + tokens;
         let blocks = positions / ratio;
         let mut block_keys = random_vec(blocks * idim, 61 + budget as u64);
@@ -1250,6 +1257,54 @@ fn qsa_select_keeps_the_top_blocks_of_many() {
                 &want[..],
                 "budget {budget} token {t}: blocks"
             );
+        }
+    }
+}
+
+/// QSA block selection where every score shares its top bits (all in [1, 2), multiples of 1/512,
+/// so most of them tie): one index head of one dim, query 1, so each block's score is its key.
+/// The radix select's first rounds see whole subgroups in one bin (counted once per subgroup,
+/// which must add the subgroup's lane count). Kept blocks checked against the pairwise rule.
+#[test]
+fn qsa_select_with_scores_sharing_their_top_bits() {
+    let Some(ctx) = context() else { return };
+    let ratio = 4usize;
+    for (budget, pos0, tokens) in [(512usize, 7_999usize, 1usize), (100, 2_001, 2)] {
+        let blocks = (pos0 + tokens) / ratio;
+        let keys: Vec<f32> = random_vec(blocks, 71 + budget as u64)
+            .iter()
+            .map(|u| 1.0 + (u.abs().fract() * 512.0).floor() / 512.0)
+            .collect();
+        let iq = vec![1.0f32; tokens];
+        let max_blocks = blocks + 1;
+        let (iqb, bkb) = (upload(&ctx, &iq), upload(&ctx, &keys));
+        let scratch = GpuBuf::zeros(&ctx, "scores", tokens * 2 * max_blocks).expect("scores");
+        let sel = GpuBuf::zeros(&ctx, "sel", tokens * (budget + 1)).expect("sel");
+        let params = QsaParams {
+            tokens: tokens as u32,
+            pos0: pos0 as u32,
+            heads: 1,
+            ratio: ratio as u32,
+            budget: budget as u32,
+            idim: 1,
+            max_blocks: max_blocks as u32,
+            scale: 1.0,
+            ..Default::default()
+        };
+        let mut rec = Recorder::new();
+        gops::qsa_select(&ctx, &mut rec, &params, &iqb, &bkb, &scratch, &sel).expect("select");
+        rec.run(&ctx).expect("run");
+        let got = sel.read_u32(&ctx, 0, tokens * (budget + 1)).expect("sel");
+        for t in 0..tokens {
+            let nb = (pos0 + t + 1) / ratio;
+            let s = &keys[..nb];
+            let mut order: Vec<usize> = (0..nb).collect();
+            order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+            let mut want: Vec<u32> = order[..budget].iter().map(|&b| b as u32).collect();
+            want.sort_unstable();
+            let row = &got[t * (budget + 1)..(t + 1) * (budget + 1)];
+            assert_eq!(row[0] as usize, budget, "budget {budget} token {t}: count");
+            assert_eq!(&row[1..], &want[..], "budget {budget} token {t}: blocks");
         }
     }
 }

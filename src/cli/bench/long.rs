@@ -2,12 +2,13 @@
 //! bench prefills every prompt twice (a warm-up, then the timed run) and again for the decode
 //! prompt, which at 262K tokens would take most of an hour; here the pipelines are built on a
 //! prompt of two chunks and a remainder, the long prompt is fed once with its progress printed,
-//! and decode continues that same sequence. Reports the VRAM the process uses at the end.
+//! and decode continues that same sequence. Reports the VRAM the process uses at the end and the
+//! per-kernel GPU time of one more decode step.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{bench_tokens, gpu_context, host_rss_bytes, streaming_read_gbps};
+use super::{bench_tokens, gpu_context, host_rss_bytes, profile_feed, streaming_read_gbps};
 use crate::engine::{Backend, Sequence};
 use crate::gpu::backend::GpuBackend;
 
@@ -25,14 +26,14 @@ pub fn run(
 ) -> anyhow::Result<serde_json::Value> {
     let ctx = gpu_context()?;
     let read_gbps = streaming_read_gbps(&ctx)?;
-    let ctx_len = tokens + decode + 2;
+    let ctx_len = tokens + decode + 3;
     let mut loaded = GpuBackend::load_with(ctx.clone(), gguf, ctx_len, tiers)?;
     if prefill_chunk > 0 {
         loaded.set_max_chunk(prefill_chunk);
     }
     let b = Arc::new(loaded);
     let vocab = b.info().vocab_size;
-    let ids = bench_tokens(tokens + decode + 1, vocab);
+    let ids = bench_tokens(tokens + decode + 2, vocab);
     // Every pipeline the long feed takes: full chunks, a partial one, and selection (a prompt
     // past the attention budget).
     let warm = (2 * b.max_chunk() + 17).min(tokens);
@@ -69,6 +70,8 @@ pub fn run(
     let decode_tps = decode as f64 / decode_secs.max(1e-12);
     let vram = crate::gpu::memory::used_device_memory(&ctx);
     let state = seq.state_bytes();
+    let at = tokens + 1 + decode;
+    let kernels = profile_feed(seq, &ids[at..at + 1], &format!("decode step at depth {at}"))?;
     eprintln!(
         "model: {} on {} ({:.1} GB/s streaming read)",
         b.info().name,
@@ -113,5 +116,6 @@ pub fn run(
         "vram_used_bytes": vram,
         "host_rss_bytes": host_rss_bytes(),
         "streaming_read_gbps": read_gbps,
+        "decode_step_kernels": kernels,
     }))
 }
