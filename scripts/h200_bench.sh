@@ -5,11 +5,13 @@
 # tool's README; set VK_DRIVER_FILES to the NVIDIA ICD), .devbin/strata (release
 # build), .devdata/tiny (oracle fixture subset) and .devdata/tools (oracle_check.py, the synthetic
 # model writer). Writes logs and JSON under $OUT.
-#   STAGES="oracle matvec model" (default all; "tiers" is extra), LAYERS=48, SKEW=0,
+#   STAGES="oracle matvec model" (default all; "tiers" and "long" are extra), LAYERS=48, SKEW=0,
 #   EXTRA_BENCH="...".
 #   STAGES=tiers: the 12 GB card (issue 10) on a file of router skew TIER_SKEW (default 0.2):
 #   `--vram-budget ${TIER_BUDGET:-12GiB}` with the default `--experts auto` (pinned), twice: the
 #   first run writes the routing it saw to an expert profile, the second starts from it.
+#   STAGES=long: `bench --long` with LONG_TOKENS (default 262144) and LONG_KV (default f32): the
+#   prompt prefilled once, decode at its depth, the VRAM in use (issue 12).
 #   SWEEP="A=1 B=2;A=2" (with the model stage): the model bench again under each ;-separated set
 #   of environment settings (tuning overrides such as STRATA_PREFILL_ROWS), with SWEEP_ARGS
 #   (default "--prefill 512 --decode 16"). EXTRA_CMD: a command run last (e.g. another bench).
@@ -76,6 +78,18 @@ if [[ " $STAGES " == *" tiers "* ]]; then
             --decode "${TIER_DECODE:-64}" --expert-profile /tmp/profile.txt \
             --json "$OUT/tiers$run.json" 2>&1 >/dev/null | grep -v "^  " | tee "$OUT/tiers$run.txt"
     done
+fi
+
+if [[ " $STAGES " == *" long "* ]]; then
+    # Issue 12's long-context figure: one prompt of LONG_TOKENS prefilled once, then decode at
+    # that depth (262,144 tokens: about 530 s on the H200, so alone in its call).
+    echo "== long context: ${LONG_TOKENS:-262144} tokens, KV ${LONG_KV:-f32}"
+    if [[ ! -f /tmp/f.gguf ]]; then
+        python3 .devdata/tools/make_synthetic_full.py /tmp/f.gguf --layers "$LAYERS" \
+            --router-skew "$SKEW" >/dev/null 2>&1 || { echo "synthetic model failed"; exit 1; }
+    fi
+    "$S" bench --model /tmp/f.gguf --long --prefill "${LONG_TOKENS:-262144}" --decode 32 \
+        --kv "${LONG_KV:-f32}" --json "$OUT/long.json" 2>&1 >/dev/null | tee "$OUT/long.txt"
 fi
 
 if [[ -n "${SWEEP:-}" && " $STAGES " == *" model "* ]]; then
