@@ -957,6 +957,19 @@ impl Gguf {
         self.metadata.get(index).map(|(_, v)| v)
     }
 
+    /// Set a metadata value in memory (the file is not touched): replaces the key's value, or
+    /// adds the key after the others.
+    pub fn set_metadata(&mut self, key: &str, value: Value) {
+        match self.metadata_index.get(key) {
+            Some(&index) => self.metadata[index].1 = value,
+            None => {
+                self.metadata_index
+                    .insert(key.to_string(), self.metadata.len());
+                self.metadata.push((key.to_string(), value));
+            }
+        }
+    }
+
     pub fn get_u64(&self, key: &str) -> Option<u64> {
         self.get(key)?.as_u64()
     }

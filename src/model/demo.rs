@@ -9,6 +9,24 @@ pub const DEMO_MODEL_NAME: &str = "strata-demo-tiny-random";
 
 static DEMO_GGUF: &[u8] = include_bytes!("../../tests/fixtures/tiny/tiny-IQ3_S.gguf");
 
+/// The demo model, named [`DEMO_MODEL_NAME`] (its `general.name`, which every command reports).
 pub fn demo_gguf() -> Result<Gguf, GgufError> {
-    Gguf::from_static("demo (tiny random qwen4exp)", DEMO_GGUF)
+    let mut gguf = Gguf::from_static("demo (tiny random qwen4exp)", DEMO_GGUF)?;
+    gguf.set_metadata(
+        "general.name",
+        crate::gguf::Value::String(DEMO_MODEL_NAME.to_string()),
+    );
+    Ok(gguf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_model_is_named_for_users() {
+        let gguf = demo_gguf().expect("demo model");
+        let config = crate::model::config::Config::from_gguf(&gguf).expect("config");
+        assert_eq!(config.name, DEMO_MODEL_NAME);
+    }
 }
