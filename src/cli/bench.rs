@@ -114,6 +114,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             anyhow::bail!("unknown synthetic benchmark {other:?} (expected matvec, small or full)")
         }
         None if args.long => {
+            if matches!(args.backend, BackendChoice::Cpu) {
+                anyhow::bail!("--long runs on the GPU only (drop --backend cpu)");
+            }
             let longest = args
                 .prefill
                 .split(',')
