@@ -217,7 +217,9 @@ pub struct RopeGroups<'a> {
 
 /// [`rmsnorm_rope`] over two sets of groups at the same positions (an attention layer's query
 /// heads and key heads) in one dispatch when their norms differ only in the weight buffer, else
-/// as two dispatches; each group's bits are [`rmsnorm_rope`]'s either way.
+/// as two dispatches. Each group gets [`rmsnorm_rope`]'s arithmetic; a shader compiler may
+/// contract it differently in the two kernels, so a model takes one path for every chunk (which
+/// one depends only on its norms).
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_rope2(
     ctx: &GpuContext,
