@@ -221,12 +221,15 @@ fn rmsnorm_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
 fn rmsnorm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
         @builtin(num_subgroups) n_sg: u32) {
-    let g = wg.x;
-    let t = wg.y;
+    norm_rope_y(wg.x, wg.y, lid.x, Lane(sg_lane, sg_id, n_sg));
+}
+
+// Group g of token t of Y (layout p.in_*, weight Wt): normed in place, then rotated.
+fn norm_rope_y(g: u32, t: u32, l: u32, lane: Lane) {
     let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
-    let inv = inv_norm(block_sum(sum_sq_y(base, lid.x), Lane(sg_lane, sg_id, n_sg)));
+    let inv = inv_norm(block_sum(sum_sq_y(base, l), lane));
     let pos = p.pos0 + t * p.pos_step;
-    for (var i = lid.x; i < p.half; i += WG) {
+    for (var i = l; i < p.half; i += WG) {
         let a = Y[base + i] * inv * weight(g, i) * p.scale;
         let b = Y[base + p.half + i] * inv * weight(g, p.half + i) * p.scale;
         let c = ROPE[(pos * p.half + i) * 2u];
@@ -234,7 +237,7 @@ fn rmsnorm_rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         Y[base + i] = a * c - b * s;
         Y[base + p.half + i] = b * c + a * s;
     }
-    for (var i = 2u * p.half + lid.x; i < p.n; i += WG) {
+    for (var i = 2u * p.half + l; i < p.n; i += WG) {
         Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
     }
 }
@@ -277,25 +280,13 @@ fn rmsnorm_rope2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,
         @builtin(num_subgroups) n_sg: u32) {
     let t = wg.y;
-    let pos = p.pos0 + t * p.pos_step;
     let lane = Lane(sg_lane, sg_id, n_sg);
     if (wg.x < p.groups) {
-        let g = wg.x;
-        let base = p.in_off + t * p.in_tstride + g * p.in_gstride;
-        let inv = inv_norm(block_sum(sum_sq_y(base, lid.x), lane));
-        for (var i = lid.x; i < p.half; i += WG) {
-            let a = Y[base + i] * inv * weight(g, i) * p.scale;
-            let b = Y[base + p.half + i] * inv * weight(g, p.half + i) * p.scale;
-            let c = ROPE[(pos * p.half + i) * 2u];
-            let s = ROPE[(pos * p.half + i) * 2u + 1u];
-            Y[base + i] = a * c - b * s;
-            Y[base + p.half + i] = b * c + a * s;
-        }
-        for (var i = 2u * p.half + lid.x; i < p.n; i += WG) {
-            Y[base + i] = Y[base + i] * inv * weight(g, i) * p.scale;
-        }
+        norm_rope_y(wg.x, t, lid.x, lane);
     } else {
+        // norm_rope_y over Y2 and W2 (a WGSL function cannot take the buffer as a parameter).
         let g = wg.x - p.groups;
+        let pos = p.pos0 + t * p.pos_step;
         let base = p.out_off + t * p.out_tstride + g * p.out_gstride;
         let inv = inv_norm(block_sum(sum_sq_y2(base, lid.x), lane));
         for (var i = lid.x; i < p.half; i += WG) {

@@ -117,15 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if matches!(args.backend, BackendChoice::Cpu) {
                 anyhow::bail!("--long runs on the GPU only (drop --backend cpu)");
             }
-            let longest = args
-                .prefill
-                .split(',')
-                .map(|s| {
-                    s.trim()
-                        .parse::<usize>()
-                        .with_context(|| format!("bad prefill length {s:?}"))
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?
+            let longest = prefill_lengths(&args)?
                 .into_iter()
                 .max()
                 .unwrap_or(1)
@@ -695,19 +687,23 @@ fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn bench_model(
-    args: &Args,
-    synthetic: Option<Arc<crate::gguf::Gguf>>,
-) -> anyhow::Result<serde_json::Value> {
-    let lengths: Vec<usize> = args
-        .prefill
+/// The `--prefill` lengths.
+fn prefill_lengths(args: &Args) -> anyhow::Result<Vec<usize>> {
+    args.prefill
         .split(',')
         .map(|s| {
             s.trim()
                 .parse::<usize>()
                 .with_context(|| format!("bad prefill length {s:?}"))
         })
-        .collect::<anyhow::Result<_>>()?;
+        .collect()
+}
+
+fn bench_model(
+    args: &Args,
+    synthetic: Option<Arc<crate::gguf::Gguf>>,
+) -> anyhow::Result<serde_json::Value> {
+    let lengths = prefill_lengths(args)?;
     let parallel_counts = parallel::counts(&args.parallel)?;
     let longest = lengths.iter().copied().max().unwrap_or(1);
     let shortest = lengths.iter().copied().min().unwrap_or(1).max(1);
