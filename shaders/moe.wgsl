@@ -9,6 +9,8 @@
 //               the full tensor in host memory: HOT[i] = MAP[map_offset + IDS[i]] (the expert's
 //               slot, or NO_EXPERT), COLD[i] = IDS[i] when it has no slot, else NO_EXPERT. The
 //               expert kernels skip NO_EXPERT items, so each item is computed from one place.
+//               STAGE[i] = i where item i has no hot copy, else NO_EXPERT: its unit in the VRAM
+//               stage that decode copies the missed experts into (stage.wgsl).
 //               LOG[log_offset + i] = IDS[i] keeps the layer's choices for the host.
 //   moe_combine: Y[t, i] = sum_slot W[t,slot] * D[t*k+slot, i]  (slots in order)
 //                          + sigmoid(SG[t]) * SH[t, i]          (shared expert, when present)
@@ -423,6 +425,7 @@ fn moe_group(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(11) var<storage, read_write> HOT: array<u32>;
 @group(0) @binding(12) var<storage, read_write> COLD: array<u32>;
 @group(0) @binding(13) var<storage, read_write> LOG: array<u32>;
+@group(0) @binding(14) var<storage, read_write> STAGE: array<u32>;
 
 @compute @workgroup_size(ROUTER_WG)
 fn moe_split_ids(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -437,5 +440,6 @@ fn moe_split_ids(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     HOT[i] = slot;
     COLD[i] = select(NO_EXPERT, e, slot == NO_EXPERT);
+    STAGE[i] = select(NO_EXPERT, i, slot == NO_EXPERT && e < p.n_expert);
     LOG[p.h + i] = e;
 }

@@ -43,8 +43,10 @@ fn pinned(ctx: &GpuContext) -> TierArgs {
     .expect("plan");
     let fixed = plan.vram_total() - plan.expert_slot_bytes();
     let few = (plan.min_expert_slots + 3).min(plan.total_experts - 1);
+    // Room for `few` hot copies beside the decode stage (one step's k experts).
+    let stage = plan.min_expert_slots;
     TierArgs {
-        vram_budget: Some(fixed + few * plan.slot_bytes),
+        vram_budget: Some(fixed + (few + stage) * plan.slot_bytes),
         experts: ExpertsArg::Pinned,
         ..TierArgs::default()
     }

@@ -59,8 +59,9 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// `moe_split_ids` against its CPU twin: each item goes to the hot unit its expert maps to, or
-/// to the host tensor, never both (an out-of-range id to neither); the log holds the choices at
-/// its offset; nothing past the items is written.
+/// to the host tensor, never both (an out-of-range id to neither); an item for the host tensor
+/// gets its own unit of the decode stage (its index), the others none; the log holds the choices
+/// at its offset; nothing past the items is written.
 #[test]
 fn moe_split_ids_sends_each_item_to_one_source() {
     let Some(ctx) = context() else { return };
@@ -86,6 +87,7 @@ fn moe_split_ids_sends_each_item_to_one_source() {
         let sentinel = vec![7u32; items + 3];
         let hot = GpuBuf::from_u32(&ctx, "hot", &sentinel).expect("hot");
         let cold = GpuBuf::from_u32(&ctx, "cold", &sentinel).expect("cold");
+        let stage = GpuBuf::from_u32(&ctx, "stage", &sentinel).expect("stage");
         let log = GpuBuf::from_u32(&ctx, "log", &vec![7u32; 2 * items + 3]).expect("log");
         let mut rec = Recorder::new();
         ops::moe_split_ids(
@@ -94,7 +96,7 @@ fn moe_split_ids_sends_each_item_to_one_source() {
             &idb,
             (&mapb, layer * n_expert),
             n_expert,
-            (&hot, &cold),
+            (&hot, &cold, &stage),
             (&log, items),
             items,
         )
@@ -102,6 +104,7 @@ fn moe_split_ids_sends_each_item_to_one_source() {
         rec.run(&ctx).expect("run");
         let got_hot = hot.read_u32(&ctx, 0, items + 3).expect("read hot");
         let got_cold = cold.read_u32(&ctx, 0, items + 3).expect("read cold");
+        let got_stage = stage.read_u32(&ctx, 0, items + 3).expect("read stage");
         for i in 0..items {
             let e = ids[i];
             let slot = if (e as usize) < n_expert {
@@ -110,11 +113,18 @@ fn moe_split_ids_sends_each_item_to_one_source() {
                 NONE
             };
             let want_cold = if slot == NONE { e } else { NONE };
+            let want_stage = if slot == NONE && (e as usize) < n_expert {
+                i as u32
+            } else {
+                NONE
+            };
             assert_eq!(got_hot[i], slot, "items {items}: hot of item {i}");
             assert_eq!(got_cold[i], want_cold, "items {items}: cold of item {i}");
+            assert_eq!(got_stage[i], want_stage, "items {items}: stage of item {i}");
         }
         assert_eq!(&got_hot[items..], &[7, 7, 7], "past the items");
         assert_eq!(&got_cold[items..], &[7, 7, 7], "past the items");
+        assert_eq!(&got_stage[items..], &[7, 7, 7], "past the items");
         let got_log = log.read_u32(&ctx, 0, 2 * items + 3).expect("read log");
         assert!(
             got_log[..items].iter().all(|&v| v == 7),
@@ -415,5 +425,68 @@ fn glu_store_case(ctx: &GpuContext, half: usize, pairs: usize) {
                 "{ty:?}, half {half}, {pairs} pairs: item {i}"
             );
         }
+    }
+}
+
+/// `stage_units` against its CPU twin: each item whose expert lies in the part copies that
+/// unit's range into its own stage unit (several workgroups per unit and a partial last one);
+/// items of other parts and `u32::MAX` ids copy nothing, and nothing outside the units is
+/// written.
+#[test]
+fn stage_units_copies_each_items_expert_range() {
+    let Some(ctx) = context() else { return };
+    const NONE: u32 = u32::MAX;
+    for (words, units, unit_first, src_stride, base) in [
+        (5usize, 3usize, 0usize, 7usize, 0usize),
+        (2048, 4, 2, 2050, 3),
+        (4099, 5, 1, 4099, 9),
+    ] {
+        let src: Vec<u32> = (0..base + units * src_stride)
+            .map(|i| 0x1000_0000 + i as u32)
+            .collect();
+        let ids = [
+            unit_first as u32 + 1,
+            NONE,
+            unit_first as u32 + units as u32,
+            0,
+            unit_first as u32 + units as u32 - 1,
+        ];
+        let items = ids.len();
+        let dst_stride = words + 2;
+        let dst_len = 1 + items * dst_stride;
+        let srcb = GpuBuf::from_u32(&ctx, "src", &src).expect("src");
+        let dst = GpuBuf::from_u32(&ctx, "dst", &vec![7u32; dst_len]).expect("dst");
+        let idb = GpuBuf::from_u32(&ctx, "ids", &ids).expect("ids");
+        let range = ops::StageRange {
+            src: &srcb.buffer,
+            unit_first,
+            units,
+            src_base: 4 * base as u64,
+            src_stride: 4 * src_stride as u64,
+            dst: &dst.buffer,
+            dst_base: 4,
+            dst_stride: 4 * dst_stride as u64,
+            bytes: 4 * words as u64,
+        };
+        let mut rec = Recorder::new();
+        ops::stage_units(&ctx, &mut rec, range, &idb, items).expect("stage");
+        rec.run(&ctx).expect("run");
+        let got = dst.read_u32(&ctx, 0, dst_len).expect("read");
+        let mut want = vec![7u32; dst_len];
+        for (i, &e) in ids.iter().enumerate() {
+            let e = e as usize;
+            if e < unit_first || e >= unit_first + units {
+                continue;
+            }
+            let from = base + (e - unit_first) * src_stride;
+            let to = 1 + i * dst_stride;
+            want[to..to + words].copy_from_slice(&src[from..from + words]);
+        }
+        assert_eq!(
+            got,
+            want,
+            "{words} words, units {unit_first}..{}",
+            unit_first + units
+        );
     }
 }

@@ -638,8 +638,9 @@ fn pinned_experts_give_the_same_bits() {
 }
 
 /// Pinned experts, what is read where: the token embedding sits in host memory beside the
-/// experts and the VRAM plan no longer counts it, so the budget's hot copies gain its bytes; a
-/// decode step whose layer reads some items from hot copies and the rest from the host tensors
+/// experts and the VRAM plan no longer counts it, so the budget's hot copies gain its bytes (less
+/// the decode stage's); a decode step whose layer reads some items from hot copies and the rest
+/// from the stage the host tensors' bytes are copied into
 /// (the two gate|up dispatches writing separate buffers, back to back), and a grouped prefill
 /// chunk doing the same, give the same bits as all resident.
 #[test]
@@ -688,14 +689,17 @@ fn pinned_embedding_in_host_and_split_steps_give_the_same_bits() {
         .vram_bytes;
     assert_eq!(plan.dense_bytes + embd, counted.dense_bytes);
     let fixed = counted.vram_total() - counted.expert_slot_bytes();
-    let slots = ((budget - fixed + embd) / plan.slot_bytes).min(total);
+    // The VRAM stage that a decode step copies its misses into is planned as working memory.
+    let staged = plan.work_bytes - counted.work_bytes;
+    assert!(staged > 0, "the decode stage is planned");
+    let slots = ((budget - fixed + embd - staged) / plan.slot_bytes).min(total);
     assert_eq!(
         plan.expert_slots, slots,
         "hot copies fill what the embedding left"
     );
     assert!(
-        plan.expert_slots > counted.expert_slots,
-        "the embedding's VRAM went to hot copies"
+        plan.expert_slots * plan.slot_bytes + staged > counted.expert_slots * plan.slot_bytes,
+        "the embedding's VRAM went to hot copies and the stage"
     );
     assert!(plan.vram_total() <= budget);
     let hot = backend.hot_expert_count() as u64;
@@ -704,6 +708,11 @@ fn pinned_embedding_in_host_and_split_steps_give_the_same_bits() {
         counted.expert_slots
     );
     assert!(hot == plan.expert_slots && hot < total, "{hot} hot");
+    assert_eq!(
+        backend.expert_stage_units(),
+        Some(top_k as usize),
+        "a decode step's misses go through the stage"
+    );
 
     // Decode steps: count those where some layer read from both sources.
     let mut seq = Arc::clone(&backend).new_sequence().expect("sequence");

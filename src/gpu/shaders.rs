@@ -116,6 +116,7 @@ fn op_source(op: &str) -> Option<&'static str> {
         "read" => include_str!("../../shaders/read.wgsl"),
         "argmax" => include_str!("../../shaders/argmax.wgsl"),
         "topk" => include_str!("../../shaders/topk.wgsl"),
+        "stage" => include_str!("../../shaders/stage.wgsl"),
         _ => return None,
     })
 }

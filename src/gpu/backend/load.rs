@@ -236,9 +236,24 @@ impl GpuBackend {
         let tiered = over_budget && !pinned;
         // Pinned experts take no VRAM, and the token embedding joins them in host memory: the
         // plan is made again for that (see `pinned::plan`).
+        // Pinned, a decode step's misses are copied into a VRAM stage first (`stage`).
+        let stage_units = config.moe.n_expert_used * super::stage::STAGE_TOKENS;
+        let stage_reserve = match weights.layers.first() {
+            Some(l) if pinned && super::stage::stage_enabled() => {
+                super::stage::stage_bytes(&l.moe, stage_units)
+            }
+            _ => 0,
+        };
         let (plan, max_chunk, host_embedding) = match (plan, pinned) {
             (Some(p), true) => {
-                let pinned_plan = pinned::plan(&ctx, &gguf, &weights, context_length, p, max_chunk);
+                let pinned_plan = pinned::plan(
+                    &ctx,
+                    &gguf,
+                    &weights,
+                    context_length,
+                    (p, max_chunk),
+                    stage_reserve,
+                );
                 (
                     Some(pinned_plan.plan),
                     pinned_plan.chunk,
@@ -439,6 +454,12 @@ impl GpuBackend {
                         (None, true) => 0,
                     });
         }
+        let stage = match weights.layers.first() {
+            Some(l) if stage_reserve > 0 => {
+                Some(super::stage::ExpertStage::new(c, &l.moe, stage_units)?)
+            }
+            _ => None,
+        };
         let pinned_tier = if pinned {
             Some(pinned::PinnedExperts::new(
                 c,
@@ -447,6 +468,7 @@ impl GpuBackend {
                 config.moe.n_expert,
                 config.moe.n_expert_used,
                 tiers,
+                stage,
             )?)
         } else {
             None
@@ -492,9 +514,17 @@ impl GpuBackend {
                     ),
                     None => ", the token embedding's rows read from pinned host memory".into(),
                 };
+                let staged = match stage_reserve {
+                    0 => "read in place by the GPU".to_string(),
+                    bytes => format!(
+                        "a decode step's misses copied into a VRAM stage of {stage_units} ({}), \
+                         longer steps' read in place",
+                        format_size(bytes)
+                    ),
+                };
                 eprintln!(
                     "memory plan: budget {}, dense weights {}{embedding}, KV cache {} ({} tokens); \
-                     all {} experts in pinned host memory ({}), read in place by the GPU; {hot} \
+                     all {} experts in pinned host memory ({}), {staged}; {hot} \
                      hot experts copied into VRAM ({})",
                     format_size(plan.vram_budget),
                     format_size(plan.dense_bytes),

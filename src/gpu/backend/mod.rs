@@ -253,11 +253,17 @@ mod ple;
 mod qsa;
 mod scratch;
 mod sequence;
+mod stage;
 
 impl GpuBackend {
     /// Bytes of routed experts the GPU reads from pinned host memory (0: none).
     pub fn pinned_expert_bytes(&self) -> u64 {
         self.pinned.as_ref().map_or(0, |p| p.bytes)
+    }
+
+    /// Experts the pinned tier's decode stage holds (`None`: misses are read in place).
+    pub fn expert_stage_units(&self) -> Option<usize> {
+        self.pinned.as_ref()?.stage.as_ref().map(|s| s.units)
     }
 
     /// Pinned experts: promotion rounds every `tokens` tokens of routing (0: never; the default
@@ -487,6 +493,8 @@ struct Scratch {
     slot_ids: GpuBuf,
     /// Pinned with hot copies: each item's expert when it has no hot unit (else `u32::MAX`).
     cold_ids: GpuBuf,
+    /// Pinned decode steps: each item's unit in the expert stage (`u32::MAX`: a hot copy).
+    stage_ids: GpuBuf,
     expert_weights: GpuBuf,
     /// Gate then up outputs of each (token, expert), side by side.
     expert_gu: GpuBuf,

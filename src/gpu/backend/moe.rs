@@ -50,7 +50,8 @@ impl GpuSequence {
     /// with hot copies in VRAM — the host tensors for the items whose expert has no hot unit and
     /// the hot units for the rest (split by `moe_split_ids`, which also logs the choices), each
     /// with its own gate|up output and item lists (the host source `scratch.cold_gu` and
-    /// `expert_groups`, the hot one `expert_gu` and `hot_groups`). Every item comes from exactly
+    /// `expert_groups`, the hot one `expert_gu` and `hot_groups`). A decode step's host items are
+    /// first copied into the expert stage (`stage`) and read there. Every item comes from exactly
     /// one source, with the same kernel and the same bytes, so the bits never depend on the split.
     fn expert_sources<'a>(
         &'a self,
@@ -80,12 +81,31 @@ impl GpuSequence {
             &s.expert_ids,
             (&pinned.map, index * n_expert),
             n_expert,
-            (&s.slot_ids, &s.cold_ids),
+            (&s.slot_ids, &s.cold_ids, &s.stage_ids),
             (&s.routing_log, index * items),
             items,
         )?;
+        let gu = if e.hot.is_some() {
+            &s.cold_gu
+        } else {
+            &s.expert_gu
+        };
+        let cold = match pinned.stage.as_ref() {
+            Some(stage) if items <= stage.units && stage.fits(e) => {
+                stage.record(&b.ctx, rec, e, &s.cold_ids, items)?;
+                ExpertSource {
+                    gate_up: &stage.gate_up,
+                    down: &stage.down,
+                    ids: &s.stage_ids,
+                    units: stage.units,
+                    gu,
+                    groups: &s.expert_groups,
+                }
+            }
+            _ => whole(&s.cold_ids, gu),
+        };
         let Some(hot) = &e.hot else {
-            return Ok(vec![whole(&s.cold_ids, &s.expert_gu)]);
+            return Ok(vec![cold]);
         };
         let hot_source = ExpertSource {
             gate_up: &hot.gate_up,
@@ -95,9 +115,14 @@ impl GpuSequence {
             gu: &s.expert_gu,
             groups: &s.hot_groups,
         };
-        // The host tensors first: their reads over the bus are the long dispatch, and the hot
-        // one, writing other buffers, is recorded right after it.
-        Ok(vec![whole(&s.cold_ids, &s.cold_gu), hot_source])
+        // Read in place, the host tensors go first: their reads over the bus are the long
+        // dispatch, and the hot one, writing other buffers, is recorded right after it. Staged,
+        // the hot one goes first, beside the stage's copies, which it does not wait for.
+        if std::ptr::eq(cold.gate_up, &e.gate_up) {
+            Ok(vec![cold, hot_source])
+        } else {
+            Ok(vec![hot_source, cold])
+        }
     }
 
     /// The routed experts of layer `index` for a decode step or a short chunk of `t` tokens, one

@@ -29,6 +29,9 @@ pub(super) struct PinnedExperts {
     promote_every: std::sync::atomic::AtomicUsize,
     /// Write the observed profile here when dropped (`--expert-profile` naming a missing file).
     save_profile_to: Option<PathBuf>,
+    /// Where decode steps copy their misses before the expert kernels read them (`None`: they
+    /// read host memory in place).
+    pub stage: Option<super::stage::ExpertStage>,
 }
 
 #[derive(Default)]
@@ -70,6 +73,7 @@ impl PinnedExperts {
         n_expert: usize,
         n_expert_used: usize,
         tiers: &TierArgs,
+        stage: Option<super::stage::ExpertStage>,
     ) -> Result<Self, GpuError> {
         let mut host_map = vec![u32::MAX; sets.len() * n_expert];
         for (layer, set) in sets.iter().enumerate() {
@@ -99,6 +103,7 @@ impl PinnedExperts {
                 PROMOTE_EVERY_TOKENS * n_expert_used,
             ),
             save_profile_to,
+            stage,
         })
     }
 
@@ -284,14 +289,15 @@ const TOKEN_EMBD_TENSOR: &str = "token_embd.weight";
 /// embedding (one row read per token) is in host memory too: the plan is made for the budget
 /// plus the table's VRAM and the table then taken out of its dense weights, so the VRAM it would
 /// have taken goes to hot expert copies. (A tied embedding is also lm_head, which stays in VRAM:
-/// the plan keeps its entry.) Falls back to `plan` where no other fits.
+/// the plan keeps its entry.) `reserve` bytes of VRAM stay out of the plan (the decode stage).
+/// Falls back to `plan` where no other fits.
 pub(super) fn plan(
     ctx: &GpuContext,
     gguf: &Gguf,
     weights: &Weights,
     context_length: usize,
-    plan: MemoryPlan,
-    chunk: usize,
+    (plan, chunk): (MemoryPlan, usize),
+    reserve: u64,
 ) -> PinnedPlan {
     let tied = weights.output.name() == weights.token_embd.name();
     let embedding = plan
@@ -303,11 +309,13 @@ pub(super) fn plan(
     let freed = embedding.unwrap_or(0);
     let budget = plan.vram_budget;
     for c in [DEFAULT_MAX_CHUNK, chunk] {
-        let budget_now = budget.saturating_add(freed);
+        let budget_now = budget.saturating_add(freed).saturating_sub(reserve);
         let Ok(mut p) = plan_for_budget(ctx, gguf, context_length, c, budget_now, plan.kv) else {
             continue;
         };
         p.vram_budget = budget;
+        // The reserve is working memory of the plan (and so in its VRAM total).
+        p.work_bytes = p.work_bytes.saturating_add(reserve);
         if embedding.is_some() {
             p.dense.retain(|d| d.name != TOKEN_EMBD_TENSOR);
             p.dense_bytes = p.dense_bytes.saturating_sub(freed);

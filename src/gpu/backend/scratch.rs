@@ -257,6 +257,7 @@ impl Scratch {
             expert_ids: z("expert ids", t * k)?,
             slot_ids: z("expert slot ids", t * k)?,
             cold_ids: z("expert host ids", t * k)?,
+            stage_ids: z("expert stage ids", t * k)?,
             expert_weights: z("expert weights", t * k)?,
             expert_gu: z("expert gate up", t * k * 2 * m.expert_ff)?,
             cold_gu: z(
