@@ -490,3 +490,107 @@ fn stage_units_copies_each_items_expert_range() {
         );
     }
 }
+
+/// Decode's gate|up routing its own tokens (`matvec_expert_glu_routed`) against the router kernel
+/// followed by the gate|up kernel: the same ids, weights and output bits, for routers whose
+/// expert count is not a multiple of the subgroup size, up to 16 slots, several tokens, ties
+/// between logits, and split, block and float layouts.
+#[test]
+fn gate_up_routing_its_tokens_equals_the_router_kernel() {
+    let Some(ctx) = context() else { return };
+    for (ty, cols) in [
+        (GgmlType::IQ3_S, 256),
+        (GgmlType::Q6_K, 256),
+        (GgmlType::F16, 64),
+    ] {
+        for (n_expert, k, tokens) in [
+            (9usize, 3usize, 1usize),
+            (37, 10, 3),
+            (512, 10, 2),
+            (70, 16, 1),
+        ] {
+            let half = 8;
+            let rows = 2 * half;
+            let blocks =
+                strata::quant::random_blocks(ty, n_expert * rows * cols / ty.block_size(), 31);
+            let w = GpuWeight::upload(
+                ctx.as_ref(),
+                "gate_up",
+                ty,
+                cols,
+                n_expert * rows,
+                rows,
+                &blocks,
+            )
+            .expect("upload");
+            let mut logits = random_vec(tokens * n_expert, 7 + n_expert as u64);
+            // Ties: equal logits must go to the lower id.
+            logits[1] = logits[4];
+            let lb = GpuBuf::from_f32(&ctx, "logits", &logits).expect("logits");
+            let x = GpuBuf::from_f32(&ctx, "x", &random_vec(tokens * cols, 5)).expect("x");
+            let xv = View::new(&x, 0, cols);
+            let items = tokens * k;
+            let zeros = |n| GpuBuf::zeros(&ctx, "out", n).expect("zeros");
+            let (ids_a, wts_a, y_a) = (zeros(items), zeros(items), zeros(items * half));
+            let (ids_b, wts_b, y_b) = (zeros(items), zeros(items), zeros(items * half));
+            assert!(kernels::can_glu_route(&ctx, &w, xv, n_expert, k));
+            let mut rec = Recorder::new();
+            ops::moe_router(&ctx, &mut rec, &lb, &ids_a, &wts_a, n_expert, k, tokens)
+                .expect("router");
+            kernels::matvec_expert_glu(
+                &ctx,
+                &mut rec,
+                &w,
+                &ids_a,
+                k,
+                xv,
+                View::new(&y_a, 0, half),
+                items,
+            )
+            .expect("glu");
+            let route = kernels::GluRoute {
+                logits: &lb,
+                ids: &ids_b,
+                weights: &wts_b,
+                n_expert,
+            };
+            kernels::matvec_expert_glu_routed(
+                &ctx,
+                &mut rec,
+                &w,
+                route,
+                k,
+                xv,
+                View::new(&y_b, 0, half),
+                items,
+            )
+            .expect("routed glu");
+            rec.run(&ctx).expect("run");
+            let what = format!("{} n_expert {n_expert} k {k} tokens {tokens}", ty.name());
+            let ids = ids_a.read_u32(&ctx, 0, items).expect("ids");
+            assert_eq!(
+                ids,
+                ids_b.read_u32(&ctx, 0, items).expect("ids"),
+                "{what}: ids"
+            );
+            assert_eq!(
+                bits(&download(&ctx, &wts_a, items)),
+                bits(&download(&ctx, &wts_b, items)),
+                "{what}: weights"
+            );
+            assert_eq!(
+                bits(&download(&ctx, &y_a, items * half)),
+                bits(&download(&ctx, &y_b, items * half)),
+                "{what}: outputs"
+            );
+            // The ids are each token's k best, best first, distinct and in range.
+            for t in 0..tokens {
+                let row = &logits[t * n_expert..(t + 1) * n_expert];
+                let chosen = &ids[t * k..(t + 1) * k];
+                let mut order: Vec<u32> = (0..n_expert as u32).collect();
+                order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+                assert_eq!(chosen, &order[..k], "{what}: token {t}'s top {k}");
+            }
+        }
+    }
+}
