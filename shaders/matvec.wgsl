@@ -59,7 +59,6 @@ struct Params {
     group_cap: u32,     // matvec_group: room per expert's list
     norm_eps: f32,      // X_MODE 3 (quant/x_norm.wgsl): the norm's epsilon
     norm_period: u32,   // X_MODE 3: values of the norm weight (AUX), index i % period
-    route_n: u32,       // matvec_route assemblies (quant/glu_route.wgsl): the router's experts
 }
 
 var<immediate> p: Params;
@@ -627,9 +626,8 @@ fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
                      @builtin(subgroup_invocation_id) lane: u32,
                      @builtin(subgroup_size) sg_size: u32) {
     prologue(lid);
-    // The item's expert is read (or, in the `matvec_route` assemblies, routed: quant/glu_route.wgsl)
-    // while the prologue's loads are in flight.
-    let it = glu_item(wg, sg_id, lane, sg_size);
+    // The item's expert is read while the prologue's loads are in flight.
+    let it = expert_item(wg);
     workgroupBarrier();
     if (!it.live) {
         return;

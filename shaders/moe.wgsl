@@ -1,9 +1,7 @@
 // MoE routing and combination (model-spec 2.8).
-//   moe_router: per token: softmax over all experts, top-k with the lowest id winning ties (best
-//               first), weights renormalised over the chosen k: route.wgsl's route_token, run by
-//               the first subgroup of one workgroup per token (assembled before this file).
-//   moe_router_wide: the same for routers of more than RT_MAX experts (softmax in place), with
-//               fixed workgroup reduction trees.
+//   moe_router: per token: softmax over all experts (in place), top-k with the lowest id winning
+//               ties (best first), weights renormalised over the chosen k. One workgroup per
+//               token, fixed reduction trees, so the result has one fixed order.
 //   moe_group:  the chunk's (token, slot) items grouped by expert for prefill: GROUPS[e] = how many
 //               items chose expert e, their item indices (token * k + slot) in ascending order from
 //               GROUPS[n_expert + e * tokens]. Integer prefix sums only: one fixed result.
@@ -35,8 +33,14 @@ var<immediate> p: Params;
 @group(0) @binding(2) var<storage, read_write> WTS: array<f32>;    // [T*k]
 
 const ROUTER_WG: u32 = 64u;
+const NO_EXPERT: u32 = 0xffffffffu;
 var<workgroup> red_value: array<f32, ROUTER_WG>;
 var<workgroup> red_id: array<u32, ROUTER_WG>;
+
+// Whether (v, e) ranks before (best_v, best_e): higher probability first, the lower id on ties.
+fn ranks_before(v: f32, e: u32, best_v: f32, best_e: u32) -> bool {
+    return e != NO_EXPERT && (best_e == NO_EXPERT || v > best_v || (v == best_v && e < best_e));
+}
 
 // Fixed-shape binary trees over the workgroup (pairs lid, lid + s for s = 32, 16, ..., 1).
 fn tree_max(v: f32, lid: u32) -> f32 {
@@ -65,6 +69,11 @@ fn tree_sum(v: f32, lid: u32) -> f32 {
     let total = red_value[0];
     workgroupBarrier();
     return total;
+}
+
+struct Ranked {
+    value: f32,
+    id: u32,
 }
 
 // Per-subgroup winners of a top-k round, two rounds' worth (by parity: a round's slots are
@@ -102,29 +111,142 @@ fn workgroup_best(v: f32, e: u32, lane_sg: vec3<u32>, parity: u32) -> Ranked {
     return best;
 }
 
-fn route_logit(i: u32) -> f32 {
-    return LOGITS[i];
+// moe_router: one workgroup of RT_WG invocations per token; invocation l holds the probabilities
+// of experts l, l + RT_WG, l + 2 RT_WG, l + 3 RT_WG in registers (routers of up to 4 RT_WG
+// experts; more take moe_router_wide, chosen by the launcher from the expert count and k alone).
+// Softmax: the max is exact in any order; the sum is each invocation's values in expert order,
+// then the subgroup sums (subgroupAdd, one fixed order per device), then the subgroups' sums in
+// subgroup order. Top-k without a barrier per round: each subgroup ranks its own best k (k rounds
+// of subgroupMax / subgroupMin), then subgroup 0 ranks the subgroups' candidates (the global best
+// k are among them). The ranking is a strict order, so the result is the one it defines.
+const RT_WG: u32 = 256u;
+// Candidates in workgroup memory: k of each of up to RT_WG / 4 subgroups (k <= 16).
+const RT_CAND: u32 = 1024u;
+var<workgroup> rt_part: array<f32, RT_WG>;
+var<workgroup> cand_v: array<f32, RT_CAND>;
+var<workgroup> cand_e: array<u32, RT_CAND>;
+// The workgroup's total of one value per invocation (max when `is_max`), as described above.
+fn rt_reduce(v: f32, is_max: bool, sg_id: u32, n_sg: u32, lane: u32) -> f32 {
+    var s: f32;
+    if (is_max) {
+        s = subgroupMax(v);
+    } else {
+        s = subgroupAdd(v);
+    }
+    if (lane == 0u) {
+        rt_part[sg_id] = s;
+    }
+    workgroupBarrier();
+    var total = rt_part[0];
+    for (var g = 1u; g < n_sg; g++) {
+        if (is_max) {
+            total = max(total, rt_part[g]);
+        } else {
+            total += rt_part[g];
+        }
+    }
+    workgroupBarrier();
+    return total;
 }
 
-// moe_router: one workgroup per token; its first subgroup routes it (route.wgsl), lane 0 stores
-// the ids and weights. RT_WG matches the mat-vec workgroups that route in their prologue, so the
-// driver gives both the same subgroup size.
-const RT_WG: u32 = 128u;
+fn rt_load(base: u32, e: u32) -> f32 {
+    if (e < p.n_expert) {
+        return LOGITS[base + e];
+    }
+    return -3.402823e38;
+}
+
+fn rt_best(v: f32, e: u32, prev_v: f32, prev_e: u32, best: Ranked) -> Ranked {
+    let after_prev = prev_e == NO_EXPERT || ranks_before(prev_v, prev_e, v, e);
+    if (e < p.n_expert && after_prev && ranks_before(v, e, best.value, best.id)) {
+        return Ranked(v, e);
+    }
+    return best;
+}
+
+// The subgroup's best (value, id): subgroupMax of the values, subgroupMin of the ids holding it.
+fn sg_best(r: Ranked) -> Ranked {
+    let valid = r.id != NO_EXPERT && r.value == r.value;
+    let key = select(-1.0, r.value, valid);
+    let m = subgroupMax(key);
+    let id = subgroupMin(select(NO_EXPERT, r.id, valid && key == m));
+    return Ranked(m, id);
+}
+
 @compute @workgroup_size(RT_WG)
 fn moe_router(@builtin(workgroup_id) wg: vec3<u32>,
-              @builtin(subgroup_id) sg_id: u32,
+              @builtin(local_invocation_id) lid3: vec3<u32>,
+              @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) n_sg: u32,
               @builtin(subgroup_invocation_id) lane: u32,
               @builtin(subgroup_size) sg_size: u32) {
     let t = wg.x + wg.y * 65535u;
-    // Uniform per subgroup: the other subgroups have nothing to do.
-    if (t >= p.tokens || sg_id != 0u) {
+    // Uniform per workgroup, so the early return keeps the barriers uniform.
+    if (t >= p.tokens) {
         return;
     }
-    route_token(t * p.n_expert, p.n_expert, p.k, lane, sg_size);
+    let lid = lid3.x;
+    let base = t * p.n_expert;
+    let e = vec4<u32>(lid, lid + RT_WG, lid + 2u * RT_WG, lid + 3u * RT_WG);
+    var v = vec4<f32>(rt_load(base, e.x), rt_load(base, e.y), rt_load(base, e.z),
+                      rt_load(base, e.w));
+    let mx = rt_reduce(max(max(max(max(-3.402823e38, v.x), v.y), v.z), v.w), true, sg_id,
+                       n_sg, lane);
+    let live = e < vec4<u32>(p.n_expert);
+    v = select(vec4<f32>(0.0), exp(v - mx), live);
+    let inv = 1.0 / rt_reduce(((v.x + v.y) + v.z) + v.w, false, sg_id, n_sg, lane);
+    v *= inv;
+    if (live.x) { LOGITS[base + e.x] = v.x; }
+    if (live.y) { LOGITS[base + e.y] = v.y; }
+    if (live.z) { LOGITS[base + e.z] = v.z; }
+    if (live.w) { LOGITS[base + e.w] = v.w; }
+    // This subgroup's best k, best first.
+    var prev = Ranked(0.0, NO_EXPERT);
+    for (var slot = 0u; slot < p.k; slot++) {
+        var best = Ranked(0.0, NO_EXPERT);
+        best = rt_best(v.x, e.x, prev.value, prev.id, best);
+        best = rt_best(v.y, e.y, prev.value, prev.id, best);
+        best = rt_best(v.z, e.z, prev.value, prev.id, best);
+        best = rt_best(v.w, e.w, prev.value, prev.id, best);
+        let got = sg_best(best);
+        if (got.id != NO_EXPERT) {
+            prev = got;
+        }
+        if (lane == 0u) {
+            cand_v[sg_id * p.k + slot] = got.value;
+            cand_e[sg_id * p.k + slot] = got.id;
+        }
+    }
+    workgroupBarrier();
+    if (sg_id != 0u) {
+        return;
+    }
+    // Subgroup 0 ranks the n_sg * k candidates (NO_EXPERT ones never win).
+    let n_cand = n_sg * p.k;
+    var total = 0.0;
+    prev = Ranked(0.0, NO_EXPERT);
+    for (var slot = 0u; slot < p.k; slot++) {
+        var best = Ranked(0.0, NO_EXPERT);
+        for (var c = lane; c < n_cand; c += sg_size) {
+            best = rt_best(cand_v[c], cand_e[c], prev.value, prev.id, best);
+        }
+        var won = sg_best(best);
+        if (won.id == NO_EXPERT) {
+            // Only when the probabilities are NaN (nothing compares): keep the id in range and
+            // let the NaN reach the weights, where the caller's finiteness check reports it.
+            won = Ranked(inv * (inv - inv), min(slot, p.n_expert - 1u));
+        }
+        prev = won;
+        total += won.value;
+        if (lane == 0u) {
+            IDS[t * p.k + slot] = won.id;
+            // Kept in workgroup memory (free since the last rt_reduce), not reread from WTS: a
+            // read after a store to a storage buffer is a memory round trip per slot.
+            rt_part[slot] = won.value;
+        }
+    }
     if (lane == 0u) {
         for (var slot = 0u; slot < p.k; slot++) {
-            IDS[t * p.k + slot] = RT_ID[slot];
-            WTS[t * p.k + slot] = RT_W[slot];
+            WTS[t * p.k + slot] = rt_part[slot] / total;
         }
     }
 }

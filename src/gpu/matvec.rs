@@ -49,7 +49,6 @@ struct MatvecParams {
     group_cap: u32,
     norm_eps: f32,
     norm_period: u32,
-    route_n: u32,
 }
 
 /// How the input vector is read.
@@ -1141,114 +1140,12 @@ pub fn matvec_expert_glu_pairs(
     items: usize,
     pairs: usize,
 ) -> Result<(), GpuError> {
-    glu_dispatch(ctx, rec, w, GluIds::Read(ids), slots, x, y, items, pairs)
-}
-
-/// Most router experts and slots a gate|up dispatch can route itself (shaders/route.wgsl's
-/// RT_MAX and RT_KMAX).
-const ROUTE_MAX_EXPERTS: usize = 1024;
-const ROUTE_MAX_SLOTS: usize = 16;
-
-/// What the expert gate|up reads its items' experts from when it routes its own tokens
-/// ([`matvec_expert_glu_routed`]): the router's logits (`n_expert` per token from offset 0), and
-/// where the chosen ids and weights go (`slots` per token), as `ops::moe_router` writes them.
-#[derive(Clone, Copy)]
-pub struct GluRoute<'a> {
-    pub logits: &'a GpuBuf,
-    pub ids: &'a GpuBuf,
-    pub weights: &'a GpuBuf,
-    pub n_expert: usize,
-}
-
-/// Whether [`matvec_expert_glu_routed`] takes `w` with a router of `n_expert` experts, `slots`
-/// chosen per token: one weight part, a router within the shader's limits, rows of a length the
-/// row bodies take without the any-length path, and room for its eight storage bindings.
-pub fn can_glu_route(
-    ctx: &GpuContext,
-    w: &GpuWeight,
-    x: View,
-    n_expert: usize,
-    slots: usize,
-) -> bool {
-    w.parts.len() == 1
-        && !any_length(w, x, XForm::Plain)
-        && (1..=ROUTE_MAX_SLOTS).contains(&slots)
-        && (slots..=ROUTE_MAX_EXPERTS).contains(&n_expert)
-        && ctx.limits.max_storage_buffers_per_shader_stage >= 8
-        && super::shaders::quant_source(w.ty).is_some()
-}
-
-/// [`matvec_expert_glu`] routing its own tokens first: every workgroup's first subgroup routes the
-/// token of its item (shaders/route.wgsl, the arithmetic of `ops::moe_router`, so the same
-/// choices, weights and bits), and the first workgroup of each token stores its ids and weights
-/// in `route` for the kernels after it. One dispatch fewer per layer. Only where
-/// [`can_glu_route`] said so.
-#[allow(clippy::too_many_arguments)]
-pub fn matvec_expert_glu_routed(
-    ctx: &GpuContext,
-    rec: &mut Recorder,
-    w: &GpuWeight,
-    route: GluRoute,
-    slots: usize,
-    x: View,
-    y: View,
-    items: usize,
-) -> Result<(), GpuError> {
-    if !can_glu_route(ctx, w, x, route.n_expert, slots) {
-        return Err(GpuError::BadArgs(format!(
-            "gate|up experts {}: no routing in the kernel for {} experts, {slots} slots",
-            w.name, route.n_expert
-        )));
-    }
-    let tokens = items / slots.max(1);
-    if route.logits.len < tokens * route.n_expert || route.weights.len < items {
-        return Err(GpuError::BadArgs(format!(
-            "gate|up experts {}: router buffers too short for {tokens} tokens",
-            w.name
-        )));
-    }
-    glu_dispatch(
-        ctx,
-        rec,
-        w,
-        GluIds::Route(route),
-        slots,
-        x,
-        y,
-        items,
-        glu_pairs(),
-    )
-}
-
-/// Where [`glu_dispatch`]'s items find their experts.
-#[derive(Clone, Copy)]
-enum GluIds<'a> {
-    Read(&'a GpuBuf),
-    Route(GluRoute<'a>),
-}
-
-#[allow(clippy::too_many_arguments)]
-fn glu_dispatch(
-    ctx: &GpuContext,
-    rec: &mut Recorder,
-    w: &GpuWeight,
-    ids: GluIds,
-    slots: usize,
-    x: View,
-    y: View,
-    items: usize,
-    pairs: usize,
-) -> Result<(), GpuError> {
     if !(1..=2).contains(&pairs) {
         return Err(GpuError::BadArgs(format!(
             "{pairs} gate|up pairs per subgroup"
         )));
     }
-    let id_buf = match ids {
-        GluIds::Read(b) => b,
-        GluIds::Route(r) => r.ids,
-    };
-    check_expert_items(w, id_buf, slots, items)?;
+    check_expert_items(w, ids, slots, items)?;
     if !w.rows_per_unit.is_multiple_of(2) {
         return Err(GpuError::BadArgs(format!(
             "gate|up experts {}: {} rows per expert is not a gate and an up half",
@@ -1268,32 +1165,19 @@ fn glu_dispatch(
         let mut b = bindings(w, part, &grid);
         b.push((1, &*x.buf.buffer));
         b.push((2, &*y.buf.buffer));
-        let key = match ids {
-            GluIds::Read(ids) => {
-                b.push((3, &*ids.buffer));
-                key(
-                    w,
-                    any_length(w, x, XForm::Plain),
-                    "matvec_expert_glu",
-                    2 * pairs,
-                    1,
-                    XForm::Plain,
-                )
-            }
-            GluIds::Route(r) => {
-                params.route_n = to_u32(r.n_expert, "router experts")?;
-                b.extend([
-                    (16, &*r.logits.buffer),
-                    (17, &*r.ids.buffer),
-                    (18, &*r.weights.buffer),
-                ]);
-                fused_key("matvec_route", w, "matvec_expert_glu", 2 * pairs, 1, 0)
-            }
-        };
+        b.push((3, &*ids.buffer));
         let gx = to_u32(half.div_ceil(per_wg * pairs), "grid x")?;
         rec.push(
             ctx,
-            &key.constant("PAIRED", 1.0),
+            &key(
+                w,
+                any_length(w, x, XForm::Plain),
+                "matvec_expert_glu",
+                2 * pairs,
+                1,
+                XForm::Plain,
+            )
+            .constant("PAIRED", 1.0),
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],

@@ -1227,9 +1227,9 @@ pub fn qsa_attend(
     )
 }
 
-/// The router entry point for `n_expert` experts choosing `k`: the subgroup router (`moe.wgsl`'s
-/// `moe_router`, route.wgsl's `route_token`) up to 1,024 experts and k up to 16 (its workgroup
-/// room), else the wide one. Chosen from the shape alone, so every run of a model takes the same one.
+/// The router entry point for `n_expert` experts choosing `k`: the register router (`moe.wgsl`'s
+/// `moe_router`) up to 1,024 experts (4 per invocation) and k up to 16 (its candidate room), else
+/// the wide one. Chosen from the shape alone, so every run of a model takes the same one.
 pub fn router_entry(n_expert: usize, k: usize) -> &'static str {
     if n_expert <= 1024 && k <= 16 {
         "moe_router"
@@ -1238,8 +1238,7 @@ pub fn router_entry(n_expert: usize, k: usize) -> &'static str {
     }
 }
 
-/// Softmax router with top-k: ids and weights per token (the wide router also leaves the
-/// probabilities in place of the logits).
+/// Softmax router with top-k (in place on the logits).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_router(
     ctx: &GpuContext,

@@ -35,14 +35,6 @@ const X_NORM_SEG_NONE: &str = "fn norm_seg(s: Seg, pos: u32, j: u32) -> Seg { re
 const CONV_TAP: &str = include_str!("../../shaders/conv_tap.wgsl");
 const SEG_CONV: &str = include_str!("../../shaders/quant/seg_conv.wgsl");
 const SEG_CONV_NONE: &str = "fn seg0_store(c: u32, u: f32) -> f32 { return u; }\n";
-// Routing by one subgroup (moe.wgsl's router; the expert gate|up of the `matvec_route`
-// assemblies, which route their own token: quant/glu_route.wgsl); the others read the ids.
-const ROUTE: &str = include_str!("../../shaders/route.wgsl");
-const GLU_ROUTE: &str = include_str!("../../shaders/quant/glu_route.wgsl");
-const GLU_ITEM_NONE: &str = concat!(
-    "fn glu_item(wg: vec3<u32>, sg_id: u32, lane: u32, sg_size: u32) -> ExpertItem {\n",
-    "    return expert_item(wg);\n}\n"
-);
 
 /// Weight formats the GPU kernels can read, with the WGSL file that dequantizes them.
 pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
@@ -111,8 +103,7 @@ pub fn supports(ty: GgmlType) -> bool {
 
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
-        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide"
-        | "matvec_route" => {
+        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide" => {
             include_str!("../../shaders/matvec.wgsl")
         }
         "norm" => include_str!("../../shaders/norm.wgsl"),
@@ -149,12 +140,6 @@ fn fusion_sources(op: &str, split: bool) -> String {
     } else {
         s.push_str(SEG_CONV_NONE);
     }
-    if op == "matvec_route" {
-        s.push_str(ROUTE);
-        s.push_str(GLU_ROUTE);
-    } else {
-        s.push_str(GLU_ITEM_NONE);
-    }
     s
 }
 
@@ -168,10 +153,6 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
         // The GDN conv shares its tap expression with matvec_conv's store.
         None if name == "gdn" => op_source(name)
             .map(|s| format!("{s}\n{CONV_TAP}"))
-            .ok_or_else(unknown),
-        // The router shares route.wgsl with the expert gate|up that routes its own token.
-        None if name == "moe" => op_source(name)
-            .map(|s| format!("{ROUTE}\n{s}"))
             .ok_or_else(unknown),
         None => op_source(name).map(str::to_string).ok_or_else(unknown),
         Some((op, ty_name)) => {

@@ -28,10 +28,6 @@ impl GpuSequence {
         if let Some(sh) = &w.shared {
             sh.gate_up.record(c, rec, x, &[shared_gu(s, w, sh, t)], t)?;
         }
-        if self.glu_routes(w, t) {
-            // The expert gate|up routes its own tokens (moe_resident_block).
-            return Ok(());
-        }
         ops::moe_router(
             c,
             rec,
@@ -42,34 +38,6 @@ impl GpuSequence {
             m.n_expert_used,
             t,
         )
-    }
-
-    /// Whether the MoE block of a step of `t` tokens takes [`Self::moe_resident_block`] (every
-    /// expert resident, a shared expert finishing the block in its store, per-item kernels).
-    fn resident_block_applies(&self, w: &MoeGpu, t: usize) -> bool {
-        let b = &self.backend;
-        let m = &b.config.moe;
-        let (Some(e), Some(sh)) = (&w.experts, &w.shared) else {
-            return false;
-        };
-        b.pinned.is_none()
-            && sh.combine_in_store
-            && kernels::can_expert_combine(&b.ctx, &e.down, m.n_expert_used)
-            && !grouped_experts(t, m.n_expert_used, m.n_expert, false)
-    }
-
-    /// Whether the step's expert gate|up routes its own tokens, so no router dispatch runs
-    /// (`kernels::matvec_expert_glu_routed`: the router's arithmetic, the same bits): where the
-    /// resident block applies and the kernel takes the router, unless `STRATA_GLU_ROUTE=0`.
-    fn glu_routes(&self, w: &MoeGpu, t: usize) -> bool {
-        let b = &self.backend;
-        let m = &b.config.moe;
-        let x = View::new(&self.scratch.x_in, 0, b.config.n_embd);
-        glu_route_enabled()
-            && self.resident_block_applies(w, t)
-            && w.experts.as_ref().is_some_and(|e| {
-                kernels::can_glu_route(&b.ctx, &e.gate_up, x, m.n_expert, m.n_expert_used)
-            })
     }
 
     /// (width, experts per token, routed expert width).
@@ -215,23 +183,14 @@ impl GpuSequence {
         let Some(sh) = &w.shared else {
             return Ok(false);
         };
-        if !self.resident_block_applies(w, t) {
+        if b.pinned.is_some() || !sh.combine_in_store || !kernels::can_expert_combine(c, &e.down, k)
+        {
             return Ok(false);
         }
         let items = t * k;
         let gu = View::new(&s.expert_gu, 0, 2 * f);
         let x = View::new(&s.x_in, 0, h);
-        if self.glu_routes(w, t) {
-            let route = kernels::GluRoute {
-                logits: &s.router,
-                ids: &s.expert_ids,
-                weights: &s.expert_weights,
-                n_expert: b.config.moe.n_expert,
-            };
-            kernels::matvec_expert_glu_routed(c, rec, &e.gate_up, route, k, x, gu, items)?;
-        } else {
-            kernels::matvec_expert_glu(c, rec, &e.gate_up, &s.expert_ids, k, x, gu, items)?;
-        }
+        kernels::matvec_expert_glu(c, rec, &e.gate_up, &s.expert_ids, k, x, gu, items)?;
         let sf = sh.down.row_len;
         let sgu = shared_gu(s, w, sh, t);
         let swiglu = kernels::prepare_x(c, rec, &sh.down, sgu, XForm::Swiglu { half: sf }, t)?;
@@ -488,11 +447,4 @@ impl<'a> ExpertSource<'a> {
     fn gu_view(&self, f: usize) -> View<'a> {
         View::new(self.gu, 0, 2 * f)
     }
-}
-
-/// Whether decode's expert gate|up may route its own tokens: on unless `STRATA_GLU_ROUTE=0`
-/// (A/B runs; the bits are the same either way).
-fn glu_route_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("STRATA_GLU_ROUTE").map_or(true, |v| v != "0"))
 }
