@@ -866,11 +866,19 @@ fn bench_model(
     let pinned = gpu_backend.as_ref().map_or((0, 0), |b| {
         (b.pinned_expert_bytes(), b.pinned_bytes_per_decoded_token())
     });
+    let stage = gpu_backend.as_ref().and_then(|b| b.expert_stage_units());
     if let (true, Some(t)) = (pinned.0 > 0, &tiers) {
         // Routed bytes of a token that the hot copies did not serve cross the bus.
         let bus = pinned.1 as f64 * (1.0 - t.hit_rate());
+        let read = match stage {
+            Some(units) => format!(
+                "a decode step's misses copied into a VRAM stage of {units}, longer steps' read \
+                 in place"
+            ),
+            None => "read in place".to_string(),
+        };
         eprintln!(
-            "experts: all in pinned host memory ({:.2} GB), read in place; {} hot copies in VRAM, \
+            "experts: all in pinned host memory ({:.2} GB), {read}; {} hot copies in VRAM, \
              hit rate {:.1}% over every token fed ({} hits, {} misses), {} promotions ({:.2} GB \
              copied); {:.3} GB per decoded token over the bus = {:.2} GB/s at the decode rate",
             pinned.0 as f64 / 1e9,
@@ -917,6 +925,7 @@ fn bench_model(
         "benchmark": "model",
         "pinned_expert_bytes": pinned.0,
         "pinned_bytes_per_decoded_token": pinned.1,
+        "expert_stage_units": stage,
         "expert_tier": tiers.as_ref().map(|t| serde_json::json!({
             "slots": t.slots,
             "total_experts": t.total_experts,
