@@ -29,8 +29,9 @@ fn load(ctx: &Arc<GpuContext>, tiers: &TierArgs) -> Arc<GpuBackend> {
     Arc::new(GpuBackend::load_with(ctx.clone(), gguf(), CONTEXT, tiers).expect("GPU load"))
 }
 
-/// Pinned experts (`--experts pinned`): every expert read in place from host memory, with hot
-/// copies in VRAM for a budget that leaves room for a few more than one token's top-k.
+/// Pinned experts (`--experts pinned`): every expert in host memory (a single decode step's misses
+/// copied into the VRAM stage, longer steps' read in place), with hot copies in VRAM for a budget
+/// that leaves room for a few more than one token's top-k beside the stage.
 fn pinned(ctx: &GpuContext) -> TierArgs {
     let plan = plan_for_budget(
         ctx,

@@ -477,7 +477,8 @@ fn budget_below_the_dense_part_is_a_clear_error() {
 }
 
 /// `--experts pinned` (and `auto`, which picks it where the adapter reads host memory): every
-/// expert in host memory read in place, the hot ones copied into VRAM — the same bits as all
+/// expert in host memory (read in place, or through the decode stage for a step of one token),
+/// the hot ones copied into VRAM — the same bits as all
 /// resident, in one chunk, token by token and in odd chunks, with hot copies in every layer, in
 /// one layer only (a profile), or none.
 #[test]
