@@ -9,7 +9,9 @@
 #   EXTRA_BENCH="...".
 #   STAGES=tiers: the 12 GB card (issue 10) on a file of router skew TIER_SKEW (default 0.2):
 #   `--vram-budget ${TIER_BUDGET:-12GiB}` with the default `--experts auto` (pinned), twice: the
-#   first run writes the routing it saw to an expert profile, the second starts from it.
+#   first run writes the routing it saw to an expert profile, the second starts from it; with
+#   STAGE_AB=1 a third run repeats the second under STRATA_STAGE=0 (misses read in place instead
+#   of through the decode stage, same binary).
 #   STAGES=long: `bench --long` with LONG_TOKENS (default 262144) and LONG_KV (default f32): the
 #   prompt prefilled once, decode at its depth, the VRAM in use (issue 12).
 #   SWEEP="A=1 B=2;A=2" (with the model stage): the model bench again under each ;-separated set
@@ -78,6 +80,13 @@ if [[ " $STAGES " == *" tiers "* ]]; then
             --decode "${TIER_DECODE:-64}" --expert-profile /tmp/profile.txt \
             --json "$OUT/tiers$run.json" 2>&1 >/dev/null | grep -v "^  " | tee "$OUT/tiers$run.txt"
     done
+    if [[ "${STAGE_AB:-0}" == 1 ]]; then
+        echo "-- run 2 again, misses read in place (STRATA_STAGE=0)"
+        STRATA_STAGE=0 "$S" bench --model /tmp/f.gguf --vram-budget "${TIER_BUDGET:-12GiB}" \
+            --prefill "${TIER_PREFILL:-512}" --decode "${TIER_DECODE:-64}" \
+            --expert-profile /tmp/profile.txt 2>&1 >/dev/null | grep -v "^  " \
+            | tee "$OUT/tiers-inplace.txt"
+    fi
 fi
 
 if [[ " $STAGES " == *" long "* ]]; then
