@@ -304,12 +304,8 @@ fn q8_0_blocks(n: usize, seed: u64) -> Vec<u8> {
 /// A 16-value segment's limbs, as rows_split.wgsl's `limbs` makes them.
 fn limbs(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let m = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-    // frexp's exponent: m < 2^e (0 for m = 0), at least -100.
-    let e = if m == 0.0 {
-        0
-    } else {
-        (((m.to_bits() >> 23) & 0xff) as i32 - 126).max(-100)
-    };
+    // The exponent of `limb_exp`: m < 2^e, at least -100 (so -100 for m = 0).
+    let e = (((m.to_bits() >> 23) & 0xff) as i32 - 126).max(-100);
     let scale = |v: f32, n: i32| v * 2f32.powi(n);
     let xh: Vec<f32> = x
         .iter()

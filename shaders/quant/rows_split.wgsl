@@ -196,16 +196,28 @@ struct LSeg {
     l: Seg,
 }
 
+// 2^n for -126 <= n <= 127 (a normal f32): scaling by it is exact wherever ldexp's is, without
+// ldexp's cost (NVIDIA's Vulkan compiler makes ldexp a long sequence; frexp likewise).
+fn pow2(n: i32) -> f32 {
+    return bitcast<f32>(u32(n + 127) << 23u);
+}
+
+// The exponent E of `m` >= 0 with m < 2^E (frexp's for normal m), at least -100: every scale
+// 2^(E-22) .. 2^(22-E) the limbs use is then a normal f32. (Zero and subnormal m give -100.)
+fn limb_exp(m: f32) -> i32 {
+    return max(i32((bitcast<u32>(m) >> 23u) & 0xffu) - 126, -100);
+}
+
 fn limb4(v: vec4<f32>, e: i32) -> array<vec4<f32>, 2> {
-    let hi = round(ldexp(v, vec4<i32>(11 - e)));
-    let xh = ldexp(hi, vec4<i32>(e - 11));
-    let lo = round(ldexp(v - xh, vec4<i32>(22 - e)));
-    return array<vec4<f32>, 2>(xh, ldexp(lo, vec4<i32>(e - 22)));
+    let hi = round(v * pow2(11 - e));
+    let xh = hi * pow2(e - 11);
+    let lo = round((v - xh) * pow2(22 - e));
+    return array<vec4<f32>, 2>(xh, lo * pow2(e - 22));
 }
 
 fn limbs(s: Seg) -> LSeg {
     let m = max(max(abs(s.v0), abs(s.v1)), max(abs(s.v2), abs(s.v3)));
-    let e = max(frexp(max(max(m.x, m.y), max(m.z, m.w))).exp, -100);
+    let e = limb_exp(max(max(m.x, m.y), max(m.z, m.w)));
     let a = limb4(s.v0, e);
     let b = limb4(s.v1, e);
     let c = limb4(s.v2, e);
@@ -302,6 +314,20 @@ fn rows_dot_limb(row0: u32, row_step: u32, n_rows: u32, x_base: u32, lane: u32,
             v3 = row_task_limb(row_at(row0, row_step, min(3u, last)), t, x);
         }
         let n = min(sg_size, tasks - base);
+        if (ITEMS == 1u) {
+            // One vector: the rows' values side by side, one vec4 shuffle per task instead of
+            // one per row (the same adds, in the same order, on each row's value).
+            var r = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
+            let v = vec4<f32>(v0.x, v1.x, v2.x, v3.x);
+            for (var l = 0u; l < n; l++) {
+                r = r + subgroupShuffle(v, l);
+            }
+            a0.x = r.x;
+            a1.x = r.y;
+            a2.x = r.z;
+            a3.x = r.w;
+            continue;
+        }
         for (var l = 0u; l < n; l++) {
             a0 = a0 + subgroupShuffle(v0, l);
             if (ROWS > 1u) {

@@ -76,6 +76,30 @@ fn instance() -> wgpu::Instance {
 }
 
 /// Whether `size` is a subgroup size the kernels handle: a power of two in [4, 128].
+/// What the tensor-core tiles need besides the device's usual features.
+const COOP_FEATURES: wgpu::Features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+    .union(wgpu::Features::SHADER_F16)
+    .union(wgpu::Features::SUBGROUP_BARRIER);
+
+/// Whether `adapter` can run the tensor-core prefill tiles: the features, subgroups of exactly
+/// 32 and a 16x16x16 f16 cooperative matrix with f32 results. `STRATA_COOP=0` says no.
+fn coop_capable(adapter: &wgpu::Adapter, summary: &AdapterSummary) -> bool {
+    if std::env::var("STRATA_COOP").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    let shape = adapter.cooperative_matrix_properties().iter().any(|c| {
+        c.m_size == 16
+            && c.n_size == 16
+            && c.k_size == 16
+            && c.ab_type == wgpu::wgt::CooperativeScalarType::F16
+            && c.cr_type == wgpu::wgt::CooperativeScalarType::F32
+    });
+    adapter.features().contains(COOP_FEATURES)
+        && summary.subgroup_min_size == 32
+        && summary.subgroup_max_size == 32
+        && shape
+}
+
 /// `STRATA_ARITH=limb` selects the limb arithmetic for a process's contexts (experimental: the
 /// groundwork of tensor-core prefill, docs/tensor-cores.md); anything else keeps today's.
 fn limb_from_env() -> bool {
@@ -156,6 +180,11 @@ pub struct GpuContext {
     /// demand and shared by every sequence of the context (each use is recorded right after the
     /// copy that fills it).
     xperm: Mutex<Option<super::buffers::GpuBuf>>,
+    /// Prefill's x in limbs for the tensor-core tiles (hi, lo, exponents), grown on demand.
+    limbs: Mutex<Option<[super::buffers::GpuBuf; 3]>>,
+    /// Whether split-layout prefill runs on the matrix units (limb arithmetic and 16x16 f16
+    /// cooperative matrices with subgroups of 32; `STRATA_COOP=0` turns it off).
+    coop: bool,
     /// The staging buffers of weight uploads (`crate::gpu::upload`), while a load runs.
     pub(super) staging: Mutex<Option<super::upload::StagingRing>>,
     /// The most bytes of one staged batch.
@@ -216,13 +245,26 @@ impl GpuContext {
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
-        let features = available & wanted;
+        let coop = limb && coop_capable(adapter, &summary);
+        let features = (available & wanted)
+            | if coop {
+                COOP_FEATURES
+            } else {
+                wgpu::Features::empty()
+            };
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("strata"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            // SAFETY: cooperative matrices are wgpu's experimental feature; they are enabled only
+            // for the limb arithmetic's tensor-core tiles (shaders/quant/rows_coop.wgsl), whose
+            // results the tests compare with the portable kernels' bit for bit.
+            experimental_features: if coop {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -247,6 +289,8 @@ impl GpuContext {
             uncaptured,
             grids: Mutex::new(std::collections::HashMap::new()),
             xperm: Mutex::new(None),
+            limbs: Mutex::new(None),
+            coop,
             staging: Mutex::new(None),
             staging_limit: std::sync::atomic::AtomicUsize::new(super::upload::STAGING_BYTES),
         }))
@@ -340,10 +384,48 @@ impl GpuContext {
         Ok(b)
     }
 
+    /// Whether prefill's split-layout mat-vecs run on the matrix units (see the field).
+    pub fn coop(&self) -> bool {
+        self.coop
+    }
+
+    /// The limb buffers of the tensor-core tiles: `words` u32 each for hi and lo, `exps` i32 for
+    /// the exponents; shared by every sequence of the context, each use recorded right after the
+    /// dispatch that fills them.
+    pub fn limb_buffers(
+        &self,
+        words: usize,
+        exps: usize,
+    ) -> Result<[super::buffers::GpuBuf; 3], GpuError> {
+        let mut held = match self.limbs.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(b) = held
+            .as_ref()
+            .filter(|b| b[0].len >= words && b[2].len >= exps)
+        {
+            return Ok(b.clone());
+        }
+        let most = self.max_binding_bytes() as usize / 4;
+        let grow = |want: usize, old: usize| want.max(2 * old).min(most).max(want);
+        let old = held.as_ref().map_or([0, 0], |b| [b[0].len, b[2].len]);
+        let z = |label: &str, len: usize| super::buffers::GpuBuf::zeros(self, label, len);
+        let b = [
+            z("prefill x hi limbs", grow(words, old[0]))?,
+            z("prefill x lo limbs", grow(words, old[0]))?,
+            z("prefill x limb exponents", grow(exps, old[1]))?,
+        ];
+        *held = Some(b.clone());
+        Ok(b)
+    }
+
     /// Human-readable adapter line, e.g. for test output.
     pub fn describe(&self) -> String {
         let a = &self.adapter;
-        let arithmetic = if self.pipelines.limb() {
+        let arithmetic = if self.coop {
+            ", limb arithmetic, tensor-core prefill"
+        } else if self.pipelines.limb() {
             ", limb arithmetic"
         } else {
             ""

@@ -14,6 +14,8 @@ use super::kernels::{Recorder, View, item_grid, to_u32};
 use super::pipelines::PipelineKey;
 use super::{GpuContext, GpuError};
 
+mod coop;
+
 /// Parameters of `shaders/matvec.wgsl` (must match its `Params`).
 #[repr(C)]
 #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -550,6 +552,9 @@ pub fn matvec_with(
         };
         norm_store(ctx, rec, w, x, store, items)?;
         return matvec_with(ctx, rec, w, n.normed, XForm::Plain, plain, items);
+    }
+    if coop::usable(ctx, w, x, xform, items) && coop::dense(ctx, rec, w, x, &store, items)? {
+        return Ok(());
     }
     let sg = subgroup_size(ctx);
     let grid = ctx.grid_buffer(w.ty)?;
@@ -1368,6 +1373,11 @@ pub fn matvec_group(
         w.rows_per_unit,
         &format!("grouped expert matvec {} output", w.name),
     )?;
+    if coop::usable(ctx, w, x, xform, items) {
+        return coop::group(
+            ctx, rec, w, groups, group_cap, slots, x_per_item, x, y, items,
+        );
+    }
     let sg = subgroup_size(ctx);
     let wide = wide_ok(w, x, xform);
     let tile = if wide { wide_items() } else { TILE };

@@ -18,6 +18,8 @@ const ROWS_SPLIT: &str = include_str!("../../shaders/quant/rows_split.wgsl");
 const ROWS_BLOCK: &str = include_str!("../../shaders/quant/rows_block.wgsl");
 // Wide prefill tiles over the split row bodies (the `matvec_wide` assemblies).
 const ROWS_WIDE: &str = include_str!("../../shaders/quant/rows_wide.wgsl");
+// Tensor-core prefill tiles over the split row bodies (the `matvec_coop` assemblies).
+const ROWS_COOP: &str = include_str!("../../shaders/quant/rows_coop.wgsl");
 // Unquantized rows of any length, read one value at a time.
 const ROWS_ANY: &str = include_str!("../../shaders/quant/rows_any.wgsl");
 const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: array<u32>;\n";
@@ -103,7 +105,7 @@ pub fn supports(ty: GgmlType) -> bool {
 
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
-        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide" => {
+        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide" | "matvec_coop" => {
             include_str!("../../shaders/matvec.wgsl")
         }
         "norm" => include_str!("../../shaders/norm.wgsl"),
@@ -167,7 +169,7 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 String::new()
             };
             let split = super::layout::split_d(ty).is_some();
-            if (op == "matvec_norm" || op == "matvec_wide") && !split {
+            if (op == "matvec_norm" || op == "matvec_wide" || op == "matvec_coop") && !split {
                 return Err(GpuError::Unsupported(format!(
                     "no {op} for {} (split layouts only)",
                     ty.name()
@@ -177,6 +179,8 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 ROWS_ANY.to_string()
             } else if op == "matvec_wide" {
                 format!("{ROWS_SPLIT}\n{ROWS_WIDE}")
+            } else if op == "matvec_coop" {
+                format!("{ROWS_SPLIT}\n{ROWS_COOP}")
             } else if split {
                 ROWS_SPLIT.to_string()
             } else {
@@ -189,8 +193,14 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 "fn prologue(lid: u32) {}\n"
             };
             let fused = fusion_sources(op, split);
+            // WGSL's enable directives come before any declaration.
+            let enables = if op == "matvec_coop" {
+                "enable f16;\nenable wgpu_cooperative_matrix;\n"
+            } else {
+                ""
+            };
             Ok(format!(
-                "{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}\n{fused}"
+                "{enables}{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}\n{fused}"
             ))
         }
     }
