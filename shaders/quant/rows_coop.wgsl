@@ -46,19 +46,11 @@ fn coop_tasks() -> u32 {
 
 // ---- limb_x: x in limbs (one invocation per (task, vector)) ----
 
-// The 4 values of `v` as integer limbs hi, lo (exactly limb4's rounding) packed as f16 pairs.
+// The 4 values of `v` as integer limbs hi, lo (rows_split.wgsl's limb_ints) packed as f16 pairs.
 fn limb_words(v: vec4<f32>, e: i32) -> vec4<u32> {
-    let hi = round(v * pow2(11 - e));
-    let xh = hi * pow2(e - 11);
-    let lo = round((v - xh) * pow2(22 - e));
-    return vec4<u32>(pack2x16float(hi.xy), pack2x16float(hi.zw), pack2x16float(lo.xy),
-                     pack2x16float(lo.zw));
-}
-
-// The exponent `limbs` uses for a segment.
-fn seg_exp(s: Seg) -> i32 {
-    let m = max(max(abs(s.v0), abs(s.v1)), max(abs(s.v2), abs(s.v3)));
-    return limb_exp(max(max(m.x, m.y), max(m.z, m.w)));
+    let l = limb_ints(v, e);
+    return vec4<u32>(pack2x16float(l[0].xy), pack2x16float(l[0].zw), pack2x16float(l[1].xy),
+                     pack2x16float(l[1].zw));
 }
 
 fn put_seg_limbs(at: u32, s: Seg, e: i32) {

@@ -208,16 +208,26 @@ fn limb_exp(m: f32) -> i32 {
     return max(i32((bitcast<u32>(m) >> 23u) & 0xffu) - 126, -100);
 }
 
-fn limb4(v: vec4<f32>, e: i32) -> array<vec4<f32>, 2> {
+// The integer limbs hi, lo of 4 values of a segment of exponent e (|hi| <= 2048, |lo| <= 1024).
+fn limb_ints(v: vec4<f32>, e: i32) -> array<vec4<f32>, 2> {
     let hi = round(v * pow2(11 - e));
-    let xh = hi * pow2(e - 11);
-    let lo = round((v - xh) * pow2(22 - e));
-    return array<vec4<f32>, 2>(xh, lo * pow2(e - 22));
+    let lo = round((v - hi * pow2(e - 11)) * pow2(22 - e));
+    return array<vec4<f32>, 2>(hi, lo);
+}
+
+fn limb4(v: vec4<f32>, e: i32) -> array<vec4<f32>, 2> {
+    let l = limb_ints(v, e);
+    return array<vec4<f32>, 2>(l[0] * pow2(e - 11), l[1] * pow2(e - 22));
+}
+
+// A segment's exponent: that of its largest |x| (limb_exp).
+fn seg_exp(s: Seg) -> i32 {
+    let m = max(max(abs(s.v0), abs(s.v1)), max(abs(s.v2), abs(s.v3)));
+    return limb_exp(max(max(m.x, m.y), max(m.z, m.w)));
 }
 
 fn limbs(s: Seg) -> LSeg {
-    let m = max(max(abs(s.v0), abs(s.v1)), max(abs(s.v2), abs(s.v3)));
-    let e = limb_exp(max(max(m.x, m.y), max(m.z, m.w)));
+    let e = seg_exp(s);
     let a = limb4(s.v0, e);
     let b = limb4(s.v1, e);
     let c = limb4(s.v2, e);
