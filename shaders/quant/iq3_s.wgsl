@@ -67,3 +67,34 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
                 iq3s_codes(qhb.w | ((qh << 1u) & 256u), s >> 28u),
                 db, db);
 }
+
+// The matvec_idot codes (quant/rows_idot.wgsl): grid bytes (odd, 1..15) negated bytewise where
+// their sign bit is set, the odd scale 1 + 2s as both factors, d as the scale.
+const IDOT_OFFSET: i32 = 0;
+
+fn iq3s_word(entry: u32, signs4: u32) -> u32 {
+    let one = ((signs4 & 0xfu) * 0x00204081u) & 0x01010101u;
+    return (GRIDS[entry] ^ (one * 0xffu)) + one;
+}
+
+fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {
+    let sub = t % 8u;
+    let blk = (body + (t / 8u) * BODY_BYTES) >> 2u;
+    let q_lo = W[blk + 2u * sub];
+    let q_hi = W[blk + 2u * sub + 1u];
+    let qh = (W[blk + 16u + sub / 4u] >> (8u * (sub % 4u))) & 0xffu;
+    let s = W[blk + 18u + sub];
+    let scale_nibble = (W[blk + 26u] >> (8u * (sub / 2u) + 4u * (sub % 2u))) & 0xfu;
+    let k = i32(1u + 2u * scale_nibble);
+    let ql = bytes4(q_lo);
+    let qhb = bytes4(q_hi);
+    return TaskI(vec4<u32>(iq3s_word(ql.x | ((qh << 8u) & 256u), s),
+                           iq3s_word(ql.y | ((qh << 7u) & 256u), s >> 4u),
+                           iq3s_word(ql.z | ((qh << 6u) & 256u), s >> 8u),
+                           iq3s_word(ql.w | ((qh << 5u) & 256u), s >> 12u)),
+                 vec4<u32>(iq3s_word(qhb.x | ((qh << 4u) & 256u), s >> 16u),
+                           iq3s_word(qhb.y | ((qh << 3u) & 256u), s >> 20u),
+                           iq3s_word(qhb.z | ((qh << 2u) & 256u), s >> 24u),
+                           iq3s_word(qhb.w | ((qh << 1u) & 256u), s >> 28u)),
+                 k, k, d_f16(d_row + 2u * (t / 8u)));
+}

@@ -22,7 +22,11 @@ var<workgroup> IQ4P: array<vec2<f32>, 256>;
 fn prologue(lid: u32) {
     if (lid < 64u) {
         for (var b = lid; b < 256u; b += 64u) {
-            IQ4P[b] = vec2<f32>(iq4_value(b & 15u), iq4_value(b >> 4u));
+            if (IDOT) {
+                IQ4I[b] = iq4_byte(b & 15u) | (iq4_byte(b >> 4u) << 16u);
+            } else {
+                IQ4P[b] = vec2<f32>(iq4_value(b & 15u), iq4_value(b >> 4u));
+            }
         }
     }
 }
@@ -53,4 +57,30 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
     let z = iq4_pairs(q.z);
     let w = iq4_pairs(q.w);
     return Task(x.lo, y.lo, z.lo, w.lo, x.hi, y.hi, z.hi, w.hi, d, d);
+}
+
+// The matvec_idot codes (quant/rows_idot.wgsl): the codebook's signed bytes, d as the scale. IQ4I
+// holds, for each byte, its low nibble's value in byte 0 and its high nibble's in byte 2.
+const IDOT_OFFSET: i32 = 0;
+var<workgroup> IQ4I: array<u32, 256>;
+
+fn iq4_byte(q: u32) -> u32 {
+    return (IQ4_PACKED[q >> 2u] >> ((q & 3u) << 3u)) & 0xffu;
+}
+
+// The values of the low nibbles of w's 4 bytes (x) and of their high nibbles (y), packed.
+fn iq4_words(w: u32) -> vec2<u32> {
+    let u = IQ4I[w & 0xffu] | (IQ4I[(w >> 8u) & 0xffu] << 8u);
+    let v = IQ4I[(w >> 16u) & 0xffu] | (IQ4I[w >> 24u] << 8u);
+    return vec2<u32>((u & 0xffffu) | (v << 16u), (u >> 16u) | (v & 0xffff0000u));
+}
+
+fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {
+    let q = W4[(body + t * BODY_BYTES) >> 4u];
+    let x = iq4_words(q.x);
+    let y = iq4_words(q.y);
+    let z = iq4_words(q.z);
+    let w = iq4_words(q.w);
+    return TaskI(vec4<u32>(x.x, y.x, z.x, w.x), vec4<u32>(x.y, y.y, z.y, w.y), 1, 1,
+                 d_f16(d_row + 2u * t));
 }

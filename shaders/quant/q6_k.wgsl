@@ -41,3 +41,29 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
                 q6_codes(ql.z, qh.z, 4u, pb), q6_codes(ql.w, qh.w, 4u, pb),
                 sa, sb);
 }
+
+// The matvec_idot codes (quant/rows_idot.wgsl): the unsigned 6-bit codes (offset 32), each
+// segment's signed scale as its factor, d as the scale.
+const IDOT_OFFSET: i32 = 32;
+
+fn q6_word(lw: u32, hw: u32, nibble_shift: u32, pair_shift: u32) -> u32 {
+    return ((lw >> nibble_shift) & 0x0f0f0f0fu) | (((hw >> pair_shift) & 0x03030303u) << 4u);
+}
+
+fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {
+    let j = t % 8u;
+    let h = j / 4u;
+    let l0 = 16u * ((j / 2u) % 2u);
+    let kp = j % 2u;
+    let blk = body + (t / 8u) * BODY_BYTES;
+    let ql = W4[(blk + 64u * h + 32u * kp + l0) >> 4u];
+    let qh = W4[(blk + 128u + 32u * h + l0) >> 4u];
+    let ia = 8u * h + 2u * kp + l0 / 16u;
+    let pa = 2u * kp;
+    let pb = 2u * kp + 4u;
+    return TaskI(vec4<u32>(q6_word(ql.x, qh.x, 0u, pa), q6_word(ql.y, qh.y, 0u, pa),
+                           q6_word(ql.z, qh.z, 0u, pa), q6_word(ql.w, qh.w, 0u, pa)),
+                 vec4<u32>(q6_word(ql.x, qh.x, 4u, pb), q6_word(ql.y, qh.y, 4u, pb),
+                           q6_word(ql.z, qh.z, 4u, pb), q6_word(ql.w, qh.w, 4u, pb)),
+                 w_i8(blk + 192u + ia), w_i8(blk + 196u + ia), d_f16(d_row + 2u * (t / 8u)));
+}

@@ -21,3 +21,11 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
     return Task(i8_codes(lo.x), i8_codes(lo.y), i8_codes(lo.z), i8_codes(lo.w),
                 i8_codes(hi.x), i8_codes(hi.y), i8_codes(hi.z), i8_codes(hi.w), d, d);
 }
+
+// The matvec_idot codes (quant/rows_idot.wgsl): the stored bytes themselves.
+const IDOT_OFFSET: i32 = 0;
+
+fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {
+    let i = (body + t * BODY_BYTES) >> 4u;
+    return TaskI(W4[i], W4[i + 1u], 1, 1, d_f16(d_row + 2u * t));
+}

@@ -26,6 +26,16 @@ struct Task {
     sb: f32,
 }
 
+// A task's integer codes for the matvec_idot assemblies (quant/rows_idot.wgsl): each segment's
+// 16 codes as 4 signed bytes a word in value order, an integer factor per segment, one scale.
+struct TaskI {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    ka: i32,
+    kb: i32,
+    s: f32,
+}
+
 // 16 x values of one segment.
 struct Seg {
     v0: vec4<f32>,
@@ -154,6 +164,9 @@ fn rows_dot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, la
             sg_size: u32) -> Acc {
     if (LIMB) {
         return rows_dot_limb(row0, row_step, n_rows, x_base, lane, sg_size);
+    }
+    if (IDOT) {
+        return rows_dot_idot(row0, row_step, n_rows, x_base, n_items, lane, sg_size);
     }
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);

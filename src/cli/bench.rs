@@ -51,6 +51,11 @@ pub struct Args {
     /// expert shapes as listed, `640x2560`, select the 10-of-512 expert case). Default: all.
     #[arg(long)]
     pub shapes: Option<String>,
+    /// `--synthetic matvec`: `int` times the integer-digit kernel experiment (docs/int-arith.md:
+    /// x split into digits by a dispatch of its own, timed apart as `split us`) for the types
+    /// that have it (Q8_0, Q6_K, IQ3_S, IQ4_NL); `default` the engine's arithmetic.
+    #[arg(long, value_enum, default_value = "default")]
+    pub arith: ArithChoice,
     /// `--synthetic full`: number of layers (the real model has 48; every 4th is attention).
     #[arg(long, default_value_t = 4)]
     pub layers: usize,
@@ -276,6 +281,10 @@ fn streaming_read_gbps(ctx: &GpuContext) -> anyhow::Result<f64> {
 #[derive(serde::Serialize)]
 struct MatvecRow {
     quant: String,
+    /// `int` where the integer-digit experiment ran this row.
+    arith: &'static str,
+    /// That experiment's split of x (a dispatch of its own), GPU microseconds.
+    split_microseconds: Option<f64>,
     rows: usize,
     cols: usize,
     /// Expert shapes: experts selected per token (of `MATVEC_EXPERTS`).
@@ -293,8 +302,16 @@ struct MatvecRow {
     fraction_of_streaming_read: f64,
 }
 
+/// The arithmetic `--synthetic matvec` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ArithChoice {
+    Default,
+    Int,
+}
+
 fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
     let ctx = gpu_context()?;
+    ctx.set_idot(args.arith == ArithChoice::Int);
     let overhead = submit_overhead_seconds(&ctx)?;
     let read = streaming_read(&ctx, overhead)?;
     let types: Vec<GgmlType> = match &args.quant {
@@ -327,8 +344,8 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
         overhead * 1e6
     );
     eprintln!(
-        "{:<8} {:<22} {:>12} {:>10} {:>10} {:>8} {:>7}",
-        "quant", "shape", "bytes", "gpu us", "wall us", "GB/s", "of read"
+        "{:<8} {:<7} {:<22} {:>12} {:>10} {:>10} {:>8} {:>7} {:>9}",
+        "quant", "arith", "shape", "bytes", "gpu us", "wall us", "GB/s", "of read", "split us"
     );
     for r in &table {
         let gpu = r
@@ -338,15 +355,20 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
             Some(e) => format!("{}x{} {}/{}", r.rows, r.cols, e, MATVEC_EXPERTS),
             None => format!("{}x{}", r.rows, r.cols),
         };
+        let split = r
+            .split_microseconds
+            .map_or_else(|| "-".to_string(), |us| format!("{us:.1}"));
         eprintln!(
-            "{:<8} {:<22} {:>12} {:>10} {:>10.1} {:>8.1} {:>6.1}%",
+            "{:<8} {:<7} {:<22} {:>12} {:>10} {:>10.1} {:>8.1} {:>6.1}% {:>9}",
             r.quant,
+            r.arith,
             shape,
             r.bytes_moved,
             gpu,
             r.wall_microseconds,
             r.gbps,
-            r.fraction_of_streaming_read * 100.0
+            r.fraction_of_streaming_read * 100.0,
+            split
         );
     }
     Ok(serde_json::json!({
@@ -552,13 +574,31 @@ fn time_matvec(
         }
     }
     warm_up(ctx, &rec)?;
-    // The median dispatch of the pass (robust to a clock change inside it), best of 3 passes.
+    // The integer-digit experiment records a split before each mat-vec: two dispatches each.
+    let per_matvec = rec.len() / (rounds * copies);
+    // The median dispatch of the pass (robust to a clock change inside it), best of 3 passes;
+    // with the split, the mat-vecs' and the splits' apart.
     let mut gpu_seconds: Option<f64> = None;
+    let mut split_seconds: Option<f64> = None;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2] * 1e-9
+    };
     for _ in 0..3 {
-        if let Some(mut ns) = dispatch_gpu_ns(ctx, &rec)? {
-            ns.sort_by(f64::total_cmp);
-            let per = ns[ns.len() / 2] * 1e-9;
+        if let Some(ns) = dispatch_gpu_ns(ctx, &rec)? {
+            let mut mv: Vec<f64> = ns
+                .iter()
+                .skip(per_matvec - 1)
+                .step_by(per_matvec)
+                .copied()
+                .collect();
+            let per = median(&mut mv);
             gpu_seconds = Some(gpu_seconds.map_or(per, |best| best.min(per)));
+            if per_matvec > 1 {
+                let mut sp: Vec<f64> = ns.iter().step_by(per_matvec).copied().collect();
+                let per = median(&mut sp);
+                split_seconds = Some(split_seconds.map_or(per, |best| best.min(per)));
+            }
         }
     }
     let dispatches = (rounds * copies) as f64;
@@ -568,6 +608,8 @@ fn time_matvec(
     let gbps = bytes_moved as f64 / gpu_seconds.unwrap_or(wall) / 1e9;
     Ok(MatvecRow {
         quant: ty.name().to_string(),
+        arith: if per_matvec > 1 { "int" } else { "default" },
+        split_microseconds: split_seconds.map(|s| s * 1e6),
         rows,
         cols,
         experts,

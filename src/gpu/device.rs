@@ -182,6 +182,11 @@ pub struct GpuContext {
     xperm: Mutex<Option<super::buffers::GpuBuf>>,
     /// Prefill's x in limbs for the tensor-core tiles (hi, lo, exponents), grown on demand.
     limbs: Mutex<Option<[super::buffers::GpuBuf; 3]>>,
+    /// The integer-digit kernel experiment (`crate::gpu::matvec::idot`): set only by `strata bench
+    /// --synthetic matvec --arith int`.
+    idot: std::sync::atomic::AtomicBool,
+    /// x split into digits for that experiment, grown on demand.
+    xq: Mutex<Option<super::buffers::GpuBuf>>,
     /// Whether split-layout prefill runs on the matrix units (limb arithmetic and 16x16 f16
     /// cooperative matrices with subgroups of 32; `STRATA_COOP=0` turns it off).
     coop: bool,
@@ -290,6 +295,8 @@ impl GpuContext {
             grids: Mutex::new(std::collections::HashMap::new()),
             xperm: Mutex::new(None),
             limbs: Mutex::new(None),
+            idot: std::sync::atomic::AtomicBool::new(false),
+            xq: Mutex::new(None),
             coop,
             staging: Mutex::new(None),
             staging_limit: std::sync::atomic::AtomicUsize::new(super::upload::STAGING_BYTES),
@@ -416,6 +423,32 @@ impl GpuContext {
             z("prefill x lo limbs", grow(words, old[0]))?,
             z("prefill x limb exponents", grow(exps, old[1]))?,
         ];
+        *held = Some(b.clone());
+        Ok(b)
+    }
+
+    /// Turn the integer-digit mat-vec experiment on or off for this context's later mat-vecs
+    /// (`strata bench --synthetic matvec --arith int`; its row values differ from the default
+    /// arithmetic's, so a model never runs with it).
+    pub fn set_idot(&self, on: bool) {
+        self.idot.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`Self::set_idot`] turned the experiment on.
+    pub fn idot(&self) -> bool {
+        self.idot.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The digit buffer of the integer-digit experiment: at least `words` u32.
+    pub fn xq_buffer(&self, words: usize) -> Result<super::buffers::GpuBuf, GpuError> {
+        let mut held = match self.xq.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(b) = held.as_ref().filter(|b| b.len >= words) {
+            return Ok(b.clone());
+        }
+        let b = super::buffers::GpuBuf::zeros(self, "x digits", words.max(1))?;
         *held = Some(b.clone());
         Ok(b)
     }

@@ -15,6 +15,7 @@ use super::pipelines::PipelineKey;
 use super::{GpuContext, GpuError};
 
 mod coop;
+mod idot;
 
 /// Parameters of `shaders/matvec.wgsl` (must match its `Params`).
 #[repr(C)]
@@ -564,7 +565,13 @@ pub fn matvec_with(
         Store::Segments { fused, .. } => matches!(fused, SegFusion::None),
         _ => true,
     };
-    let wide = if wide_store && wide_ok(w, x, xform) {
+    // The integer-digit experiment (plain row stores only): x split once, no wide tiles.
+    let digits = if matches!(store, Store::Rows(_)) && idot::usable(ctx, w, x, xform) {
+        Some(idot::split(ctx, rec, w, x, xform, items)?)
+    } else {
+        None
+    };
+    let wide = if wide_store && digits.is_none() && wide_ok(w, x, xform) {
         wide_items()
     } else {
         0
@@ -699,9 +706,15 @@ pub fn matvec_with(
             let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
             params.item0 = to_u32(item0, "first item")?;
             let (gy, gz) = item_grid(count / tile);
+            if let Some(d) = &digits {
+                d.apply(&mut params);
+                b.push((19, &*d.buf.buffer));
+            }
             let pipeline = if is_wide {
                 fused_key("matvec_wide", w, wide_entry(entry), per_sg, tile, 0)
                     .constant("XPERM", f64::from(u8::from(task_order.is_some())))
+            } else if digits.is_some() {
+                idot::key(w, entry, per_sg, tile)
             } else if params.x_mode == 3 {
                 fused_key("matvec_norm", w, entry, per_sg, tile, 3)
             } else if y0_mode == 3 {
@@ -1087,17 +1100,26 @@ pub fn matvec_expert_with(
     let per_wg = (wg_size() / sg).max(1);
     let (gy, gz) = item_grid(items);
     let grid = ctx.grid_buffer(w.ty)?;
+    let digits = if idot::usable(ctx, w, x, xform) {
+        Some(idot::split(ctx, rec, w, x, xform, x_count)?)
+    } else {
+        None
+    };
     for part in &w.parts {
-        let params = expert_params(w, part, x, xform, y, items, slots, x_per_item, per_wg)?;
+        let mut params = expert_params(w, part, x, xform, y, items, slots, x_per_item, per_wg)?;
         let mut b = bindings(w, part, &grid);
         b.push((1, &*x.buf.buffer));
         b.push((2, &*y.buf.buffer));
         b.push((3, &*ids.buffer));
         let groups = w.rows_per_unit.div_ceil(per_sg);
         let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
-        rec.push(
-            ctx,
-            &key(
+        let pipeline = match &digits {
+            Some(d) => {
+                d.apply(&mut params);
+                b.push((19, &*d.buf.buffer));
+                idot::key(w, "matvec_expert", per_sg, 1)
+            }
+            None => key(
                 w,
                 any_length(w, x, xform),
                 "matvec_expert",
@@ -1105,6 +1127,10 @@ pub fn matvec_expert_with(
                 1,
                 xform,
             ),
+        };
+        rec.push(
+            ctx,
+            &pipeline,
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],
@@ -1164,6 +1190,11 @@ pub fn matvec_expert_glu_pairs(
     let per_wg = glu_rows_per_wg().unwrap_or((wg_size() / sg).max(1));
     let (gy, gz) = item_grid(items);
     let grid = ctx.grid_buffer(w.ty)?;
+    let digits = if idot::usable(ctx, w, x, XForm::Plain) {
+        Some(idot::split(ctx, rec, w, x, XForm::Plain, items / slots)?)
+    } else {
+        None
+    };
     for part in &w.parts {
         let mut params = expert_params(w, part, x, XForm::Plain, y, items, slots, false, per_wg)?;
         params.h = to_u32(half, "half")?;
@@ -1172,17 +1203,24 @@ pub fn matvec_expert_glu_pairs(
         b.push((2, &*y.buf.buffer));
         b.push((3, &*ids.buffer));
         let gx = to_u32(half.div_ceil(per_wg * pairs), "grid x")?;
-        rec.push(
-            ctx,
-            &key(
+        let pipeline = match &digits {
+            Some(d) => {
+                d.apply(&mut params);
+                b.push((19, &*d.buf.buffer));
+                idot::key(w, "matvec_expert_glu", 2 * pairs, 1)
+            }
+            None => key(
                 w,
                 any_length(w, x, XForm::Plain),
                 "matvec_expert_glu",
                 2 * pairs,
                 1,
                 XForm::Plain,
-            )
-            .constant("PAIRED", 1.0),
+            ),
+        };
+        rec.push(
+            ctx,
+            &pipeline.constant("PAIRED", 1.0),
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],

@@ -20,6 +20,14 @@ const ROWS_BLOCK: &str = include_str!("../../shaders/quant/rows_block.wgsl");
 const ROWS_WIDE: &str = include_str!("../../shaders/quant/rows_wide.wgsl");
 // Tensor-core prefill tiles over the split row bodies (the `matvec_coop` assemblies).
 const ROWS_COOP: &str = include_str!("../../shaders/quant/rows_coop.wgsl");
+// The integer-digit row body (the `matvec_idot` assemblies, a kernel experiment); the other split
+// assemblies get its stub.
+const ROWS_IDOT: &str = include_str!("../../shaders/quant/rows_idot.wgsl");
+const IDOT_NONE: &str = concat!(
+    "const IDOT: bool = false;\n",
+    "fn rows_dot_idot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, ",
+    "lane: u32, sg_size: u32) -> Acc { return zero_acc(); }\n"
+);
 // Unquantized rows of any length, read one value at a time.
 const ROWS_ANY: &str = include_str!("../../shaders/quant/rows_any.wgsl");
 const IQ_GRID_BINDING: &str = "@group(0) @binding(4) var<storage, read> GRID: array<u32>;\n";
@@ -98,6 +106,12 @@ fn row_body(ty: GgmlType) -> String {
     }
 }
 
+/// Whether the type has integer codes for the `matvec_idot` assemblies (its `task_wi`).
+pub fn idot_supported(ty: GgmlType) -> bool {
+    super::layout::split_d(ty).is_some()
+        && quant_source(ty).is_some_and(|s| s.contains("fn task_wi("))
+}
+
 /// Whether the GPU kernels can read tensors of this type.
 pub fn supports(ty: GgmlType) -> bool {
     quant_source(ty).is_some()
@@ -105,7 +119,8 @@ pub fn supports(ty: GgmlType) -> bool {
 
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
-        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide" | "matvec_coop" => {
+        "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide" | "matvec_coop"
+        | "matvec_idot" => {
             include_str!("../../shaders/matvec.wgsl")
         }
         "norm" => include_str!("../../shaders/norm.wgsl"),
@@ -169,20 +184,32 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 String::new()
             };
             let split = super::layout::split_d(ty).is_some();
-            if (op == "matvec_norm" || op == "matvec_wide" || op == "matvec_coop") && !split {
+            if matches!(
+                op,
+                "matvec_norm" | "matvec_wide" | "matvec_coop" | "matvec_idot"
+            ) && !split
+            {
                 return Err(GpuError::Unsupported(format!(
                     "no {op} for {} (split layouts only)",
+                    ty.name()
+                )));
+            }
+            if op == "matvec_idot" && !idot_supported(ty) {
+                return Err(GpuError::Unsupported(format!(
+                    "no integer-digit codes for {}",
                     ty.name()
                 )));
             }
             let rows = if op == "matvec_any" {
                 ROWS_ANY.to_string()
             } else if op == "matvec_wide" {
-                format!("{ROWS_SPLIT}\n{ROWS_WIDE}")
+                format!("{ROWS_SPLIT}\n{IDOT_NONE}{ROWS_WIDE}")
             } else if op == "matvec_coop" {
-                format!("{ROWS_SPLIT}\n{ROWS_COOP}")
+                format!("{ROWS_SPLIT}\n{IDOT_NONE}{ROWS_COOP}")
+            } else if op == "matvec_idot" {
+                format!("{ROWS_SPLIT}\n{ROWS_IDOT}")
             } else if split {
-                ROWS_SPLIT.to_string()
+                format!("{ROWS_SPLIT}\n{IDOT_NONE}")
             } else {
                 format!("{}\n{ROWS_BLOCK}", row_body(ty))
             };
