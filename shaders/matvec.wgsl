@@ -277,9 +277,10 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
+    let xb = stage_x(tile.x_base, lid);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
         let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let acc = dense_rows(grp, xb, sg_id, lane, sg_size);
         let store = grp.live && sg_id % KSPLIT == 0u;
         let row0 = grp.row0;
         let n_rows = grp.n_rows;
@@ -330,9 +331,10 @@ fn matvec_seg(@builtin(workgroup_id) wg: vec3<u32>,
     if (X_MODE == 3u) {
         norm_prologue(tile, wg.x, n_wg.x, lid, lane, sg_id, n_sg);
     }
+    let xb = stage_x(tile.x_base, lid);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
         let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let acc = dense_rows(grp, xb, sg_id, lane, sg_size);
         let store = grp.live && sg_id % KSPLIT == 0u;
         let row0 = grp.row0;
         let n_rows = grp.n_rows;
@@ -378,12 +380,13 @@ fn matvec_mix(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
+    let xb = stage_x(tile.x_base, lid);
     for (var r = sg_id; r < p.rows_per_wg; r += n_sg) {
         let i = wg.x * p.rows_per_wg + r;
         if (i >= p.h) {
             break;
         }
-        let acc = rows_dot(i, p.h, p.hc, tile.x_base, ITEMS, lane, sg_size);
+        let acc = rows_dot(i, p.h, p.hc, xb, ITEMS, lane, sg_size);
         if (lane == 0u) {
             let wide = p.h * p.hc;
             for (var t = 0u; t < TILE; t++) {
@@ -415,9 +418,10 @@ fn matvec_combine(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
+    let xb = stage_x(tile.x_base, lid);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
         let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let acc = dense_rows(grp, xb, sg_id, lane, sg_size);
         let store = grp.live && sg_id % KSPLIT == 0u;
         let row0 = grp.row0;
         let n_rows = grp.n_rows;
@@ -463,9 +467,10 @@ fn matvec_moe_combine(@builtin(workgroup_id) wg: vec3<u32>,
     if (tile.n_items == 0u) {
         return;
     }
+    let xb = stage_x(tile.x_base, lid);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
         let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = dense_rows(grp, tile.x_base, sg_id, lane, sg_size);
+        let acc = dense_rows(grp, xb, sg_id, lane, sg_size);
         let store = grp.live && sg_id % KSPLIT == 0u;
         let row0 = grp.row0;
         let n_rows = grp.n_rows;
@@ -527,6 +532,7 @@ fn matvec_expert_combine(@builtin(workgroup_id) wg: vec3<u32>,
     }
     let n_rows = min(ROWS, p.rows - row0);
     XS = vec4<u32>(0u);
+    stage_slots(tok, lid);
     for (var s = sg_id; s < p.slots; s += n_sg) {
         let item = tok * p.slots + s;
         var id = first_id;
@@ -534,7 +540,7 @@ fn matvec_expert_combine(@builtin(workgroup_id) wg: vec3<u32>,
             id = IDS[item];
         }
         let unit = min(id - p.expert_first, p.expert_count - 1u);
-        let acc = rows_dot(unit * p.rows + row0, 1u, n_rows, item_x(item), 1u, lane, sg_size);
+        let acc = rows_dot(unit * p.rows + row0, 1u, n_rows, slot_x(item_x(item), s), 1u, lane, sg_size);
         if (lane == 0u) {
             for (var j = 0u; j < ROWS; j++) {
                 SLOT_ROWS[s * ROWS + j] = acc_row(acc, j).x;
@@ -594,7 +600,7 @@ fn matvec_expert(@builtin(workgroup_id) wg: vec3<u32>,
         return;
     }
     let item = it.item;
-    let x_base = item_x(item);
+    let x_base = stage_x(item_x(item), lid);
     XS = vec4<u32>(0u);
     let first_row = it.first_row;
     for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
@@ -633,7 +639,7 @@ fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
         return;
     }
     let item = it.item;
-    let x_base = item_x(item);
+    let x_base = stage_x(item_x(item), lid);
     XS = vec4<u32>(0u);
     let first_row = it.first_row;
     let pairs = ROWS / 2u;
@@ -651,6 +657,29 @@ fn matvec_expert_glu(@builtin(workgroup_id) wg: vec3<u32>,
                 Y[y + 1u] = (silu4(vec4<f32>(acc.r2.x)) * vec4<f32>(acc.r3.x)).x;
             }
         }
+    }
+}
+
+// IDOT_LOCAL (quant/rows_idot.wgsl): the workgroup's vector at x offset `xb` split into its
+// XQL, and the offset its rows then read from; `xb` itself otherwise. Called in uniform control
+// flow (it holds a barrier).
+fn stage_x(xb: u32, lid: u32) -> u32 {
+    if (IDOT_LOCAL) {
+        xq_stage(xb, 0u, lid);
+        workgroupBarrier();
+        return 0u;
+    }
+    return xb;
+}
+
+// stage_x for the expert combine: the token's slots' vectors, slot s's digits from
+// slot_x(_, s).
+fn stage_slots(tok: u32, lid: u32) {
+    if (IDOT_LOCAL) {
+        for (var s = 0u; s < p.slots; s++) {
+            xq_stage(item_x(tok * p.slots + s), slot_x(0u, s), lid);
+        }
+        workgroupBarrier();
     }
 }
 

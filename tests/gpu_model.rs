@@ -124,6 +124,15 @@ fn limb_arithmetic_matches_reference_and_is_chunk_invariant() {
     check_type(&ctx, "IQ3_S", &["p300"]);
 }
 
+/// The integer-digit arithmetic (docs/int-arith.md, `STRATA_ARITH=int`): the same oracle
+/// tolerance and the same bits across runs and chunk sizes.
+#[test]
+fn integer_digit_arithmetic_matches_reference_and_is_chunk_invariant() {
+    let Some(ctx) = context() else { return };
+    ctx.set_idot(true);
+    check_type(&ctx, "IQ3_S", &["p300"]);
+}
+
 #[test]
 fn tiny_iq3_s_matches_reference_and_is_chunk_invariant() {
     let Some(ctx) = context() else { return };

@@ -390,9 +390,10 @@ fn limb_arithmetic_equals_its_cpu_twin() {
 }
 
 /// The integer-digit kernel experiment (docs/int-arith.md, `bench --synthetic matvec --arith
-/// int`) for every type it covers: the same tolerance against the f64 dot (x keeps 22 bits per
-/// task, more than the f32 sums' own error), and a tile of several vectors gives each vector's
-/// bits. Shapes from one block to rows that several subgroups share.
+/// int`, `STRATA_ARITH=int`) for every type it covers: the same tolerance against the f64 dot (x
+/// keeps 22 bits per task, more than the f32 sums' own error), and tiles of several vectors, wide
+/// tiles included, give each vector's bits. Shapes from one block to rows that several subgroups
+/// share.
 #[test]
 fn integer_digit_experiment_shapes() {
     let Some(ctx) = context() else { return };
@@ -407,13 +408,22 @@ fn integer_digit_experiment_shapes() {
     ] {
         assert!(strata::gpu::shaders::idot_supported(ty), "{}", ty.name());
         let block = ty.block_size().max(32);
-        for (blocks, rows, items) in [(1, 1, 1), (2, 3, 5), (3, 7, 2), (5, 2, 3), (40, 3, 2)] {
+        // 21 and 40 vectors take the wide tiles.
+        for (blocks, rows, items) in [
+            (1, 1, 1),
+            (2, 3, 5),
+            (3, 7, 2),
+            (5, 2, 3),
+            (40, 3, 2),
+            (3, 9, 21),
+            (2, 5, 40),
+        ] {
             if let Err(e) = check_shape(&ctx, ty, rows, blocks * block, items) {
                 failures.push(e);
             }
             checked += 1;
         }
     }
-    assert_eq!(checked, 20);
+    assert_eq!(checked, 28);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -32,10 +32,52 @@ fn xq_digits(v: vec4<f32>, e: i32) -> vec3<u32> {
     return vec3<u32>(pack4xI8(d0), pack4xI8(d1), pack4xI8(d2));
 }
 
-fn xq_put(out: u32, tasks: u32, j: u32, d: vec3<u32>) {
-    XQ[out + j * tasks] = d.x;
-    XQ[out + (8u + j) * tasks] = d.y;
-    XQ[out + (16u + j) * tasks] = d.z;
+// Store word `w` of task `t` (of `tasks`) at `base`: into the workgroup's XQL (LOCAL) or XQ.
+fn xq_store(local: bool, base: u32, w: u32, t: u32, tasks: u32, v: u32) {
+    if (local) {
+        XQL[base + w * tasks + t] = v;
+    } else {
+        XQ[base + w * tasks + t] = v;
+    }
+}
+
+fn xq_put(local: bool, base: u32, t: u32, tasks: u32, j: u32, d: vec3<u32>) {
+    xq_store(local, base, j, t, tasks, d.x);
+    xq_store(local, base, 8u + j, t, tasks, d.y);
+    xq_store(local, base, 16u + j, t, tasks, d.z);
+}
+
+// Split task t of the vector at x offset `xb` (floats, X_MODE applied) into the words at `base`.
+fn xq_split_task(local: bool, xb: u32, base: u32, t: u32, tasks: u32) {
+    let xo = task_x(t);
+    var a = load_seg(xb + xo.x);
+    var b = load_seg(xb + xo.y);
+    if (X_MODE == 3u) {
+        // The matvec_norm_idot assemblies: the input norm of the tile's vector (norm_prologue
+        // ran first), as the f32 rows apply it.
+        a = norm_seg(a, xo.x, 0u);
+        b = norm_seg(b, xo.y, 0u);
+    }
+    let m4 = max(max(max(abs(a.v0), abs(a.v1)), max(abs(a.v2), abs(a.v3))),
+                 max(max(abs(b.v0), abs(b.v1)), max(abs(b.v2), abs(b.v3))));
+    let m = max(max(m4.x, m4.y), max(m4.z, m4.w));
+    // Non-finite (or a NaN that max dropped): the sum of all values is not finite either.
+    let all = (a.v0 + a.v1 + a.v2 + a.v3) + (b.v0 + b.v1 + b.v2 + b.v3);
+    let total = (all.x + all.y) + (all.z + all.w);
+    let finite = m <= 3.4028235e38 && total - total == 0.0;
+    var e = limb_exp(m);
+    if (!finite) {
+        e = 0;
+    }
+    xq_put(local, base, t, tasks, 0u, xq_digits(a.v0, e));
+    xq_put(local, base, t, tasks, 1u, xq_digits(a.v1, e));
+    xq_put(local, base, t, tasks, 2u, xq_digits(a.v2, e));
+    xq_put(local, base, t, tasks, 3u, xq_digits(a.v3, e));
+    xq_put(local, base, t, tasks, 4u, xq_digits(b.v0, e));
+    xq_put(local, base, t, tasks, 5u, xq_digits(b.v1, e));
+    xq_put(local, base, t, tasks, 6u, xq_digits(b.v2, e));
+    xq_put(local, base, t, tasks, 7u, xq_digits(b.v3, e));
+    xq_store(local, base, 24u, t, tasks, bitcast<u32>(select(XQ_NONFINITE, e, finite)));
 }
 
 // One invocation per (task, vector): x (after the X_MODE transform) split into XQ, vector v's words
@@ -48,31 +90,37 @@ fn xq_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     if (t >= tasks || v >= p.items) {
         return;
     }
-    let base = p.x_offset + v * p.x_stride;
-    let xo = task_x(t);
-    let a = load_seg(base + xo.x);
-    let b = load_seg(base + xo.y);
-    let m4 = max(max(max(abs(a.v0), abs(a.v1)), max(abs(a.v2), abs(a.v3))),
-                 max(max(abs(b.v0), abs(b.v1)), max(abs(b.v2), abs(b.v3))));
-    let m = max(max(m4.x, m4.y), max(m4.z, m4.w));
-    // Non-finite (or a NaN that max dropped): the sum of all values is not finite either.
-    let all = (a.v0 + a.v1 + a.v2 + a.v3) + (b.v0 + b.v1 + b.v2 + b.v3);
-    let total = (all.x + all.y) + (all.z + all.w);
-    let finite = m <= 3.4028235e38 && total - total == 0.0;
-    var e = limb_exp(m);
-    if (!finite) {
-        e = 0;
+    xq_split_task(false, p.x_offset + v * p.x_stride, v * XQ_WORDS * tasks, t, tasks);
+}
+
+// Decode without a split dispatch (IDOT_LOCAL, one vector per workgroup, or a few for the expert
+// combine): the workgroup splits its vector at x offset `xb` into XQL from word `base` itself,
+// its invocations taking tasks in turn; the entry point then waits at a barrier. XQL_WORDS is set
+// per pipeline (1 where nothing is staged).
+override IDOT_LOCAL: bool = false;
+override XQL_WORDS: u32 = 1u;
+var<workgroup> XQL: array<u32, XQL_WORDS>;
+
+fn xq_stage(xb: u32, base: u32, lid: u32) {
+    let tasks = (p.k / QK) * TASKS_PER_BLOCK;
+    for (var t = lid; t < tasks; t += WG) {
+        xq_split_task(true, xb, base, t, tasks);
     }
-    let out = v * XQ_WORDS * tasks + t;
-    xq_put(out, tasks, 0u, xq_digits(a.v0, e));
-    xq_put(out, tasks, 1u, xq_digits(a.v1, e));
-    xq_put(out, tasks, 2u, xq_digits(a.v2, e));
-    xq_put(out, tasks, 3u, xq_digits(a.v3, e));
-    xq_put(out, tasks, 4u, xq_digits(b.v0, e));
-    xq_put(out, tasks, 5u, xq_digits(b.v1, e));
-    xq_put(out, tasks, 6u, xq_digits(b.v2, e));
-    xq_put(out, tasks, 7u, xq_digits(b.v3, e));
-    XQ[out + 24u * tasks] = bitcast<u32>(select(XQ_NONFINITE, e, finite));
+}
+
+// Where slot s's digits start in XQL (IDOT_LOCAL), else `xb`.
+fn slot_x(xb: u32, s: u32) -> u32 {
+    if (IDOT_LOCAL) {
+        return s * XQ_WORDS * (p.k / QK) * TASKS_PER_BLOCK;
+    }
+    return xb;
+}
+
+fn xq_word(at: u32) -> u32 {
+    if (IDOT_LOCAL) {
+        return XQL[at];
+    }
+    return XQ[at];
 }
 
 // One task's x digits: digit l of segment a in a<l>, of segment b in b<l>; with IDOT_OFFSET, each
@@ -90,7 +138,8 @@ struct XTask {
 }
 
 fn xq_vec4(at: u32, tasks: u32) -> vec4<u32> {
-    return vec4<u32>(XQ[at], XQ[at + tasks], XQ[at + 2u * tasks], XQ[at + 3u * tasks]);
+    return vec4<u32>(xq_word(at), xq_word(at + tasks), xq_word(at + 2u * tasks),
+                     xq_word(at + 3u * tasks));
 }
 
 fn dot_seg(c: vec4<u32>, d: vec4<u32>) -> i32 {
@@ -103,7 +152,7 @@ fn xq_task(x_base: u32, t: u32, tasks: u32) -> XTask {
     var x = XTask(xq_vec4(at, tasks), xq_vec4(at + 8u * tasks, tasks),
                   xq_vec4(at + 16u * tasks, tasks), xq_vec4(at + 4u * tasks, tasks),
                   xq_vec4(at + 12u * tasks, tasks), xq_vec4(at + 20u * tasks, tasks),
-                  vec3<i32>(0), vec3<i32>(0), bitcast<i32>(XQ[at + 24u * tasks]));
+                  vec3<i32>(0), vec3<i32>(0), bitcast<i32>(xq_word(at + 24u * tasks)));
     if (IDOT_OFFSET != 0) {
         let ones = vec4<u32>(0x01010101u);
         x.sa = vec3<i32>(dot_seg(ones, x.a0), dot_seg(ones, x.a1), dot_seg(ones, x.a2));

@@ -112,6 +112,9 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
     if (LIMB) {
         return rows_wide_limb(row0, row_step, n_rows, nq, lane, sg_size);
     }
+    if (IDOT) {
+        return rows_wide_idot(row0, row_step, n_rows, nq, lane, sg_size);
+    }
     var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
     let last = n_rows - 1u;
     let r1 = row0 + min(1u, last) * row_step;

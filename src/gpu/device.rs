@@ -106,6 +106,15 @@ fn limb_from_env() -> bool {
     std::env::var("STRATA_ARITH").is_ok_and(|v| v == "limb")
 }
 
+/// `STRATA_ARITH=int`: the integer-digit arithmetic (docs/int-arith.md) for the split types that
+/// have it.
+/// Digit buffers the integer-digit arithmetic takes in turn.
+const XQ_RING: usize = 4;
+
+fn idot_from_env() -> bool {
+    std::env::var("STRATA_ARITH").is_ok_and(|v| v == "int")
+}
+
 pub fn subgroup_size_ok(size: u32) -> bool {
     size.is_power_of_two() && (4..=128).contains(&size)
 }
@@ -182,11 +191,13 @@ pub struct GpuContext {
     xperm: Mutex<Option<super::buffers::GpuBuf>>,
     /// Prefill's x in limbs for the tensor-core tiles (hi, lo, exponents), grown on demand.
     limbs: Mutex<Option<[super::buffers::GpuBuf; 3]>>,
-    /// The integer-digit kernel experiment (`crate::gpu::matvec::idot`): set only by `strata bench
-    /// --synthetic matvec --arith int`.
+    /// The integer-digit arithmetic (`crate::gpu::matvec::idot`): `STRATA_ARITH=int`, or `strata
+    /// bench --synthetic matvec --arith int`.
     idot: std::sync::atomic::AtomicBool,
-    /// x split into digits for that experiment, grown on demand.
-    xq: Mutex<Option<super::buffers::GpuBuf>>,
+    /// x split into digits for that arithmetic: a ring of buffers taken in turn, so that a split
+    /// never waits for the mat-vec before it to finish reading (wgpu orders a write after a read
+    /// of the same buffer), each grown on demand.
+    xq: Mutex<(usize, Vec<Option<super::buffers::GpuBuf>>)>,
     /// Whether split-layout prefill runs on the matrix units (limb arithmetic and 16x16 f16
     /// cooperative matrices with subgroups of 32; `STRATA_COOP=0` turns it off).
     coop: bool,
@@ -295,8 +306,8 @@ impl GpuContext {
             grids: Mutex::new(std::collections::HashMap::new()),
             xperm: Mutex::new(None),
             limbs: Mutex::new(None),
-            idot: std::sync::atomic::AtomicBool::new(false),
-            xq: Mutex::new(None),
+            idot: std::sync::atomic::AtomicBool::new(!limb && idot_from_env()),
+            xq: Mutex::new((0, vec![None; XQ_RING])),
             coop,
             staging: Mutex::new(None),
             staging_limit: std::sync::atomic::AtomicUsize::new(super::upload::STAGING_BYTES),
@@ -427,29 +438,33 @@ impl GpuContext {
         Ok(b)
     }
 
-    /// Turn the integer-digit mat-vec experiment on or off for this context's later mat-vecs
-    /// (`strata bench --synthetic matvec --arith int`; its row values differ from the default
-    /// arithmetic's, so a model never runs with it).
+    /// Turn the integer-digit arithmetic (docs/int-arith.md) on or off for this context's later
+    /// mat-vecs: `strata bench --synthetic matvec --arith int`; a model's context gets it from
+    /// `STRATA_ARITH=int` when created, never later (its rows would change arithmetic midway).
     pub fn set_idot(&self, on: bool) {
         self.idot.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether [`Self::set_idot`] turned the experiment on.
+    /// Whether the integer-digit arithmetic is on.
     pub fn idot(&self) -> bool {
         self.idot.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The digit buffer of the integer-digit experiment: at least `words` u32.
+    /// The next digit buffer of the integer-digit arithmetic (of a ring of [`XQ_RING`]): at
+    /// least `words` u32. Each is recorded right after the split that fills it.
     pub fn xq_buffer(&self, words: usize) -> Result<super::buffers::GpuBuf, GpuError> {
         let mut held = match self.xq.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if let Some(b) = held.as_ref().filter(|b| b.len >= words) {
+        let (next, ring) = &mut *held;
+        let at = *next % ring.len();
+        *next = next.wrapping_add(1);
+        if let Some(b) = ring[at].as_ref().filter(|b| b.len >= words) {
             return Ok(b.clone());
         }
         let b = super::buffers::GpuBuf::zeros(self, "x digits", words.max(1))?;
-        *held = Some(b.clone());
+        ring[at] = Some(b.clone());
         Ok(b)
     }
 
@@ -460,6 +475,8 @@ impl GpuContext {
             ", limb arithmetic, tensor-core prefill"
         } else if self.pipelines.limb() {
             ", limb arithmetic"
+        } else if self.idot() {
+            ", integer-digit arithmetic"
         } else {
             ""
         };

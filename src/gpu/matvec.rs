@@ -542,7 +542,7 @@ pub fn matvec_with(
     items: usize,
 ) -> Result<(), GpuError> {
     check_input(w, x, xform, items)?;
-    if let Some(plain) = norm_apart(w, store, xform, items) {
+    if let Some(plain) = norm_apart(ctx, w, store, xform, items) {
         // Prefill: the normed vectors first, then wide tiles over them (the same bits).
         let Store::Segments {
             fused: SegFusion::Norm(n),
@@ -565,13 +565,28 @@ pub fn matvec_with(
         Store::Segments { fused, .. } => matches!(fused, SegFusion::None),
         _ => true,
     };
-    // The integer-digit experiment (plain row stores only): x split once, no wide tiles.
-    let digits = if matches!(store, Store::Rows(_)) && idot::usable(ctx, w, x, xform) {
+    // The integer-digit arithmetic: x split once, or staged by decode's workgroups. (An input
+    // norm was stored apart above unless decode stages the normed vector, see norm_apart.)
+    let normed_on_load = matches!(
+        store,
+        Store::Segments {
+            fused: SegFusion::Norm(_),
+            ..
+        }
+    );
+    let int = (!normed_on_load || items == 1) && idot::usable(ctx, w, x, xform);
+    // Decode stages its one vector's digits in each workgroup, without a split dispatch.
+    let local = if int && items == 1 {
+        idot::local_words(ctx, w, 1)
+    } else {
+        None
+    };
+    let digits = if int && local.is_none() && !normed_on_load {
         Some(idot::split(ctx, rec, w, x, xform, items)?)
     } else {
         None
     };
-    let wide = if wide_store && digits.is_none() && wide_ok(w, x, xform) {
+    let wide = if wide_store && wide_ok(w, x, xform) {
         wide_items()
     } else {
         0
@@ -579,7 +594,7 @@ pub fn matvec_with(
     let runs = tile_runs(items, wide);
     // The wide runs come first, from item 0.
     let wide_end: usize = runs.iter().filter(|r| r.2 > TILE).map(|r| r.1).sum();
-    let task_order = if wide_end > 0 && xperm() {
+    let task_order = if wide_end > 0 && xperm() && digits.is_none() {
         Some(permuted_x(ctx, rec, w, x, wide_end)?)
     } else {
         None
@@ -710,11 +725,23 @@ pub fn matvec_with(
                 d.apply(&mut params);
                 b.push((19, &*d.buf.buffer));
             }
-            let pipeline = if is_wide {
+            let pipeline = if is_wide && digits.is_some() {
+                idot::key_of("matvec_wide_idot", w, wide_entry(entry), per_sg, tile)
+            } else if is_wide {
                 fused_key("matvec_wide", w, wide_entry(entry), per_sg, tile, 0)
                     .constant("XPERM", f64::from(u8::from(task_order.is_some())))
-            } else if digits.is_some() {
-                idot::key(w, entry, per_sg, tile)
+            } else if digits.is_some() || local.is_some() {
+                let op = if params.x_mode == 3 {
+                    "matvec_norm_idot"
+                } else if y0_mode == 3 {
+                    "matvec_conv_idot"
+                } else {
+                    "matvec_idot"
+                };
+                match local {
+                    Some(words) => idot::local_key(op, w, entry, per_sg, params.x_mode, words),
+                    None => idot::key_of(op, w, entry, per_sg, tile),
+                }
             } else if params.x_mode == 3 {
                 fused_key("matvec_norm", w, entry, per_sg, tile, 3)
             } else if y0_mode == 3 {
@@ -834,6 +861,7 @@ fn need_floats(b: &GpuBuf, n: usize, what: &str) -> Result<(), GpuError> {
 /// first: the fused entry has no wide tiles, and the rows over the stored vectors are the fused
 /// rows bit for bit (`shaders/quant/x_norm.wgsl`). `None` where the fused dispatch stays.
 fn norm_apart<'a>(
+    ctx: &GpuContext,
     w: &GpuWeight,
     store: Store<'a>,
     xform: XForm,
@@ -848,15 +876,27 @@ fn norm_apart<'a>(
     else {
         return None;
     };
+    // The integer-digit arithmetic splits the normed vectors, in prefill (or where decode cannot
+    // stage them in its workgroups).
+    let digits = xform == XForm::Plain
+        && idot::usable(ctx, w, n.normed, xform)
+        && (items > 1 || norm_staged(ctx, w, n).is_none());
     let wide = least_wide();
-    (wide > 0 && items >= wide && xform == XForm::Plain && wide_ok(w, n.normed, xform)).then_some(
-        Store::Segments {
-            outs,
-            first,
-            silu0,
-            fused: SegFusion::None,
-        },
-    )
+    let wide = wide > 0 && items >= wide && xform == XForm::Plain && wide_ok(w, n.normed, xform);
+    (digits || wide).then_some(Store::Segments {
+        outs,
+        first,
+        silu0,
+        fused: SegFusion::None,
+    })
+}
+
+/// The XQL words of decode's fused input norm in the integer-digit arithmetic, which stages the
+/// normed vector in each workgroup (`matvec_norm_idot_local`), where it does.
+fn norm_staged(ctx: &GpuContext, w: &GpuWeight, n: InputNorm) -> Option<usize> {
+    idot::usable(ctx, w, n.normed, XForm::Plain)
+        .then(|| idot::local_words(ctx, w, 1))
+        .flatten()
 }
 
 /// The normed vectors of an [`InputNorm`] alone: the decode step's own fused pipeline (`matvec_seg`
@@ -911,10 +951,14 @@ fn norm_store(
     ]);
     let (gy, gz) = item_grid(items);
     let per_sg = tile_rows(w, w.n_rows, 1);
+    // Decode's own pipeline: the integer-digit one where decode stages the normed vector.
+    let key = match norm_staged(ctx, w, n) {
+        Some(words) => idot::local_key("matvec_norm_idot", w, "matvec_seg", per_sg, 3, words),
+        None => fused_key("matvec_norm", w, "matvec_seg", per_sg, 1, 3),
+    };
     rec.push(
         ctx,
-        &fused_key("matvec_norm", w, "matvec_seg", per_sg, 1, 3)
-            .constant("KSPLIT", split as f64)
+        &key.constant("KSPLIT", split as f64)
             .constant("Y0_MODE", y0_mode as f64),
         &b,
         bytemuck::bytes_of(&params),
@@ -1100,7 +1144,9 @@ pub fn matvec_expert_with(
     let per_wg = (wg_size() / sg).max(1);
     let (gy, gz) = item_grid(items);
     let grid = ctx.grid_buffer(w.ty)?;
-    let digits = if idot::usable(ctx, w, x, xform) {
+    let int = idot::usable(ctx, w, x, xform);
+    let local = int.then(|| idot::local_words(ctx, w, 1)).flatten();
+    let digits = if int && local.is_none() {
         Some(idot::split(ctx, rec, w, x, xform, x_count)?)
     } else {
         None
@@ -1113,13 +1159,21 @@ pub fn matvec_expert_with(
         b.push((3, &*ids.buffer));
         let groups = w.rows_per_unit.div_ceil(per_sg);
         let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
-        let pipeline = match &digits {
-            Some(d) => {
+        let pipeline = match (&digits, local) {
+            (_, Some(words)) => idot::local_key(
+                "matvec_idot",
+                w,
+                "matvec_expert",
+                per_sg,
+                params.x_mode,
+                words,
+            ),
+            (Some(d), None) => {
                 d.apply(&mut params);
                 b.push((19, &*d.buf.buffer));
                 idot::key(w, "matvec_expert", per_sg, 1)
             }
-            None => key(
+            (None, None) => key(
                 w,
                 any_length(w, x, xform),
                 "matvec_expert",
@@ -1190,7 +1244,9 @@ pub fn matvec_expert_glu_pairs(
     let per_wg = glu_rows_per_wg().unwrap_or((wg_size() / sg).max(1));
     let (gy, gz) = item_grid(items);
     let grid = ctx.grid_buffer(w.ty)?;
-    let digits = if idot::usable(ctx, w, x, XForm::Plain) {
+    let int = idot::usable(ctx, w, x, XForm::Plain);
+    let local = int.then(|| idot::local_words(ctx, w, 1)).flatten();
+    let digits = if int && local.is_none() {
         Some(idot::split(ctx, rec, w, x, XForm::Plain, items / slots)?)
     } else {
         None
@@ -1203,13 +1259,21 @@ pub fn matvec_expert_glu_pairs(
         b.push((2, &*y.buf.buffer));
         b.push((3, &*ids.buffer));
         let gx = to_u32(half.div_ceil(per_wg * pairs), "grid x")?;
-        let pipeline = match &digits {
-            Some(d) => {
+        let pipeline = match (&digits, local) {
+            (_, Some(words)) => idot::local_key(
+                "matvec_idot",
+                w,
+                "matvec_expert_glu",
+                2 * pairs,
+                params.x_mode,
+                words,
+            ),
+            (Some(d), None) => {
                 d.apply(&mut params);
                 b.push((19, &*d.buf.buffer));
                 idot::key(w, "matvec_expert_glu", 2 * pairs, 1)
             }
-            None => key(
+            (None, None) => key(
                 w,
                 any_length(w, x, XForm::Plain),
                 "matvec_expert_glu",
@@ -1342,6 +1406,13 @@ pub fn matvec_expert_combine(
     need_floats(c.inject, tokens * c.hc, "injection logits")?;
     let grid = ctx.grid_buffer(w.ty)?;
     let (gy, gz) = item_grid(tokens);
+    let int = idot::usable(ctx, w, c.x, XForm::Plain);
+    let local = int.then(|| idot::local_words(ctx, w, c.slots)).flatten();
+    let digits = if int && local.is_none() {
+        Some(idot::split(ctx, rec, w, c.x, XForm::Plain, items)?)
+    } else {
+        None
+    };
     for part in &w.parts {
         let y = View::new(c.wide, 0, h * c.hc);
         let mut params = expert_params(w, part, c.x, XForm::Plain, y, items, c.slots, true, 1)?;
@@ -1358,18 +1429,30 @@ pub fn matvec_expert_combine(
             (12, &*c.logit.buffer),
         ]);
         let gx = to_u32(h.div_ceil(combine_rows()), "grid x")?;
+        let shader = match &digits {
+            Some(d) => {
+                d.apply(&mut params);
+                b.push((19, &*d.buf.buffer));
+                idot::shader_of("matvec_idot", w)
+            }
+            None if local.is_some() => idot::shader_of("matvec_idot_local", w),
+            None => shader_name(w, any_length(w, c.x, XForm::Plain)),
+        };
+        let mut pipeline = specialise(
+            PipelineKey::new(shader, "matvec_expert_combine"),
+            combine_rows(),
+            combine_wg(ctx, c.slots),
+            1,
+            XForm::Plain.mode().0,
+        );
+        if let Some(words) = local {
+            pipeline = pipeline
+                .constant("IDOT_LOCAL", 1.0)
+                .constant("XQL_WORDS", words as f64);
+        }
         rec.push(
             ctx,
-            &specialise(
-                PipelineKey::new(
-                    shader_name(w, any_length(w, c.x, XForm::Plain)),
-                    "matvec_expert_combine",
-                ),
-                combine_rows(),
-                combine_wg(ctx, c.slots),
-                1,
-                XForm::Plain.mode().0,
-            ),
+            &pipeline,
             &b,
             bytemuck::bytes_of(&params),
             [gx, gy, gz],
@@ -1416,13 +1499,18 @@ pub fn matvec_group(
             ctx, rec, w, groups, group_cap, slots, x_per_item, x, y, items,
         );
     }
+    let digits = if idot::usable(ctx, w, x, xform) {
+        Some(idot::split(ctx, rec, w, x, xform, x_count)?)
+    } else {
+        None
+    };
     let sg = subgroup_size(ctx);
     let wide = wide_ok(w, x, xform);
     let tile = if wide { wide_items() } else { TILE };
     let per_sg = tile_rows(w, w.rows_per_unit, tile);
     let per_wg = (wg_size() / sg).max(1);
     let grid = ctx.grid_buffer(w.ty)?;
-    let task_order = if wide && xperm() {
+    let task_order = if wide && xperm() && digits.is_none() {
         Some(permuted_x(ctx, rec, w, x, x_count)?)
     } else {
         None
@@ -1445,7 +1533,15 @@ pub fn matvec_group(
         let groups_x = w.rows_per_unit.div_ceil(per_sg);
         let gx = to_u32(groups_x.div_ceil(per_wg), "grid x")?;
         let gy = params.expert_count;
-        let pipeline = if wide {
+        if let Some(d) = &digits {
+            d.apply(&mut params);
+            b.push((19, &*d.buf.buffer));
+        }
+        let pipeline = if digits.is_some() && wide {
+            idot::key_of("matvec_wide_idot", w, "matvec_group_wide", per_sg, tile)
+        } else if digits.is_some() {
+            idot::key(w, "matvec_group", per_sg, TILE)
+        } else if wide {
             fused_key("matvec_wide", w, "matvec_group_wide", per_sg, tile, 0)
                 .constant("XPERM", f64::from(u8::from(task_order.is_some())))
         } else {

@@ -20,13 +20,26 @@ const ROWS_BLOCK: &str = include_str!("../../shaders/quant/rows_block.wgsl");
 const ROWS_WIDE: &str = include_str!("../../shaders/quant/rows_wide.wgsl");
 // Tensor-core prefill tiles over the split row bodies (the `matvec_coop` assemblies).
 const ROWS_COOP: &str = include_str!("../../shaders/quant/rows_coop.wgsl");
-// The integer-digit row body (the `matvec_idot` assemblies, a kernel experiment); the other split
+// The integer-digit row body (the `matvec_idot` and `matvec_conv_idot` assemblies); the other split
 // assemblies get its stub.
 const ROWS_IDOT: &str = include_str!("../../shaders/quant/rows_idot.wgsl");
+// The digits' binding, and what replaces it in the `_idot_local` assemblies (decode stages its
+// digits in workgroup memory and binds no XQ, which would order every such dispatch after the
+// last one: wgpu orders writes to one buffer).
+const XQ_BINDING: &str = "@group(0) @binding(19) var<storage, read_write> XQ: array<u32>;";
+const XQ_UNBOUND: &str = "var<private> XQ: array<u32, 1>;";
 const IDOT_NONE: &str = concat!(
     "const IDOT: bool = false;\n",
     "fn rows_dot_idot(row0: u32, row_step: u32, n_rows: u32, x_base: u32, n_items: u32, ",
-    "lane: u32, sg_size: u32) -> Acc { return zero_acc(); }\n"
+    "lane: u32, sg_size: u32) -> Acc { return zero_acc(); }\n",
+    "const IDOT_LOCAL: bool = false;\n",
+    "fn xq_stage(xb: u32, base: u32, lid: u32) {}\n",
+    "fn slot_x(xb: u32, s: u32) -> u32 { return xb; }\n"
+);
+const ROWS_WIDE_IDOT: &str = include_str!("../../shaders/quant/rows_wide_idot.wgsl");
+const WIDE_IDOT_NONE: &str = concat!(
+    "fn rows_wide_idot(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, ",
+    "sg_size: u32) -> Wide { return Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad()); }\n"
 );
 // Unquantized rows of any length, read one value at a time.
 const ROWS_ANY: &str = include_str!("../../shaders/quant/rows_any.wgsl");
@@ -120,7 +133,7 @@ pub fn supports(ty: GgmlType) -> bool {
 fn op_source(op: &str) -> Option<&'static str> {
     Some(match op {
         "matvec" | "matvec_any" | "matvec_norm" | "matvec_conv" | "matvec_wide" | "matvec_coop"
-        | "matvec_idot" => {
+        | "matvec_idot" | "matvec_conv_idot" | "matvec_norm_idot" | "matvec_wide_idot" => {
             include_str!("../../shaders/matvec.wgsl")
         }
         "norm" => include_str!("../../shaders/norm.wgsl"),
@@ -143,7 +156,7 @@ fn op_source(op: &str) -> Option<&'static str> {
 /// own assemblies bind what they read.
 fn fusion_sources(op: &str, split: bool) -> String {
     let mut s = String::new();
-    if op == "matvec_norm" {
+    if op == "matvec_norm" || op == "matvec_norm_idot" {
         s.push_str(X_NORM);
     } else {
         s.push_str(X_NORM_NONE);
@@ -151,7 +164,7 @@ fn fusion_sources(op: &str, split: bool) -> String {
             s.push_str(X_NORM_SEG_NONE);
         }
     }
-    if op == "matvec_conv" {
+    if op == "matvec_conv" || op == "matvec_conv_idot" {
         s.push_str(CONV_TAP);
         s.push_str(SEG_CONV);
     } else {
@@ -173,6 +186,11 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             .ok_or_else(unknown),
         None => op_source(name).map(str::to_string).ok_or_else(unknown),
         Some((op, ty_name)) => {
+            // Decode's workgroup-staged digits: the same assembly without the XQ binding.
+            let (op, staged) = match op.strip_suffix("_local") {
+                Some(base) if base.ends_with("_idot") => (base, true),
+                _ => (op, false),
+            };
             let body = op_source(op).ok_or_else(unknown)?;
             let ty = GgmlType::from_name(ty_name).ok_or_else(unknown)?;
             let quant = quant_source(ty).ok_or_else(|| {
@@ -184,34 +202,33 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 String::new()
             };
             let split = super::layout::split_d(ty).is_some();
-            if matches!(
-                op,
-                "matvec_norm" | "matvec_wide" | "matvec_coop" | "matvec_idot"
-            ) && !split
-            {
+            let idot = op.ends_with("_idot");
+            if (idot || matches!(op, "matvec_norm" | "matvec_wide" | "matvec_coop")) && !split {
                 return Err(GpuError::Unsupported(format!(
                     "no {op} for {} (split layouts only)",
                     ty.name()
                 )));
             }
-            if op == "matvec_idot" && !idot_supported(ty) {
+            if idot && !idot_supported(ty) {
                 return Err(GpuError::Unsupported(format!(
                     "no integer-digit codes for {}",
                     ty.name()
                 )));
             }
             let rows = if op == "matvec_any" {
-                ROWS_ANY.to_string()
+                format!("{ROWS_ANY}\n{IDOT_NONE}")
             } else if op == "matvec_wide" {
-                format!("{ROWS_SPLIT}\n{IDOT_NONE}{ROWS_WIDE}")
+                format!("{ROWS_SPLIT}\n{IDOT_NONE}{ROWS_WIDE}\n{WIDE_IDOT_NONE}")
+            } else if op == "matvec_wide_idot" {
+                format!("{ROWS_SPLIT}\n{ROWS_IDOT}\n{ROWS_WIDE}\n{ROWS_WIDE_IDOT}")
             } else if op == "matvec_coop" {
                 format!("{ROWS_SPLIT}\n{IDOT_NONE}{ROWS_COOP}")
-            } else if op == "matvec_idot" {
+            } else if idot {
                 format!("{ROWS_SPLIT}\n{ROWS_IDOT}")
             } else if split {
                 format!("{ROWS_SPLIT}\n{IDOT_NONE}")
             } else {
-                format!("{}\n{ROWS_BLOCK}", row_body(ty))
+                format!("{}\n{ROWS_BLOCK}\n{IDOT_NONE}", row_body(ty))
             };
             // Types without a workgroup codebook get an empty prologue (shaders/matvec.wgsl).
             let prologue = if quant.contains("fn prologue(") {
@@ -226,9 +243,14 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 ""
             };
-            Ok(format!(
+            let source = format!(
                 "{enables}{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}\n{fused}"
-            ))
+            );
+            Ok(if staged {
+                source.replace(XQ_BINDING, XQ_UNBOUND)
+            } else {
+                source
+            })
         }
     }
 }

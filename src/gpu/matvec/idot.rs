@@ -1,8 +1,10 @@
-//! The integer-digit mat-vec experiment (`shaders/quant/rows_idot.wgsl`, docs/int-arith.md): x is
-//! split once into three signed base-256 digits per value (`xq_split`) and each task's sums are
-//! exact `dot4I8Packed` integer sums. Only `strata bench --synthetic matvec --arith int` turns it
-//! on ([`GpuContext::set_idot`]): it covers the plain row store and the expert entry points of
-//! Q8_0, Q6_K, IQ3_S and IQ4_NL, enough to time the kernels, not a model's every path.
+//! The integer-digit arithmetic (`shaders/quant/rows_idot.wgsl`, docs/int-arith.md): x is split
+//! once per mat-vec into three signed base-256 digits per value (`xq_split`) and each task's sums
+//! are exact `dot4I8Packed` integer sums. A context takes it from `STRATA_ARITH=int` (or `strata
+//! bench --synthetic matvec --arith int`, [`GpuContext::set_idot`]) for the split types with
+//! integer codes (Q8_0, Q6_K, IQ3_S, IQ4_NL); every store, the expert entry points and the wide
+//! prefill tiles then read the digits, so prefill and decode keep one arithmetic per weight.
+//! Input norms are stored apart first (the decode step's own norm kernel), then split.
 
 use super::{
     GpuContext, GpuError, GpuWeight, MatvecParams, Recorder, View, XForm, any_length, specialise,
@@ -23,7 +25,12 @@ pub(super) fn usable(ctx: &GpuContext, w: &GpuWeight, x: View, xform: XForm) -> 
 }
 
 fn shader(w: &GpuWeight) -> String {
-    format!("matvec_idot:{}", w.ty.name())
+    shader_of("matvec_idot", w)
+}
+
+/// The assembly `op` (`matvec_idot`, or `matvec_conv_idot` with decode's GDN conv store) of `w`.
+pub(super) fn shader_of(op: &str, w: &GpuWeight) -> String {
+    format!("{op}:{}", w.ty.name())
 }
 
 /// `count` vectors of x (after `xform`) split into digits, with the stride between vectors.
@@ -80,18 +87,64 @@ pub(super) fn split(
     })
 }
 
-/// The pipeline of `entry` in the experiment's assembly (x already transformed).
+/// The pipeline of `entry` in the `matvec_idot` assembly (x already transformed).
 pub(super) fn key(
     w: &GpuWeight,
     entry: &'static str,
     rows_per_sg: usize,
     items: usize,
 ) -> PipelineKey {
+    key_of("matvec_idot", w, entry, rows_per_sg, items)
+}
+
+/// [`key`] in assembly `op` (see [`shader_of`]).
+pub(super) fn key_of(
+    op: &str,
+    w: &GpuWeight,
+    entry: &'static str,
+    rows_per_sg: usize,
+    items: usize,
+) -> PipelineKey {
     specialise(
-        PipelineKey::new(shader(w), entry),
+        PipelineKey::new(shader_of(op, w), entry),
         rows_per_sg,
         wg_size(),
         items,
         0,
     )
+}
+
+/// Words of workgroup memory the kernels keep for their own tables besides the staged digits
+/// (KPART, codebooks, the expert combine's slot rows).
+const LOCAL_RESERVE_BYTES: usize = 12 * 1024;
+
+/// Decode's digits staged by each workgroup itself (`IDOT_LOCAL`): the XQL words for `vectors`
+/// vectors of `w`'s rows where they fit the adapter's workgroup memory, unless
+/// `STRATA_IDOT_LOCAL=0` (then a split dispatch; the same bits either way).
+pub(super) fn local_words(ctx: &GpuContext, w: &GpuWeight, vectors: usize) -> Option<usize> {
+    static LOCAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *LOCAL.get_or_init(|| std::env::var("STRATA_IDOT_LOCAL").map_or(true, |v| v != "0"));
+    let words = XQ_WORDS * (w.row_len / 32) * vectors;
+    let room = ctx.limits.max_compute_workgroup_storage_size as usize;
+    (on && words * 4 + LOCAL_RESERVE_BYTES <= room).then_some(words)
+}
+
+/// [`key_of`] for a workgroup-staged pipeline: the x transform applied while staging.
+pub(super) fn local_key(
+    op: &str,
+    w: &GpuWeight,
+    entry: &'static str,
+    rows_per_sg: usize,
+    x_mode: u32,
+    words: usize,
+) -> PipelineKey {
+    specialise(
+        PipelineKey::new(shader_of(&format!("{op}_local"), w), entry),
+        rows_per_sg,
+        wg_size(),
+        1,
+        x_mode,
+    )
+    .constant("IDOT_LOCAL", 1.0)
+    .constant("XQL_WORDS", words as f64)
 }
