@@ -716,7 +716,7 @@ pub fn matvec_with(
             } else {
                 k_split(ctx, w)
             };
-            let per_wg = (wg_size() / sg / split).max(1);
+            let per_wg = (wg_size() / sg / split).max(1) * idot::staged_groups(local);
             params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
             let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
             params.item0 = to_u32(item0, "first item")?;
@@ -1151,6 +1151,7 @@ pub fn matvec_expert_with(
     } else {
         None
     };
+    let per_wg = per_wg * idot::staged_groups(local);
     for part in &w.parts {
         let mut params = expert_params(w, part, x, xform, y, items, slots, x_per_item, per_wg)?;
         let mut b = bindings(w, part, &grid);
@@ -1251,6 +1252,7 @@ pub fn matvec_expert_glu_pairs(
     } else {
         None
     };
+    let per_wg = per_wg * idot::staged_groups(local);
     for part in &w.parts {
         let mut params = expert_params(w, part, x, XForm::Plain, y, items, slots, false, per_wg)?;
         params.h = to_u32(half, "half")?;

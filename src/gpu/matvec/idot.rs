@@ -148,3 +148,21 @@ pub(super) fn local_key(
     .constant("IDOT_LOCAL", 1.0)
     .constant("XQL_WORDS", words as f64)
 }
+
+/// Row groups per workgroup, as a multiple of the default, where decode's workgroups stage their
+/// digits (`local` is [`local_words`]'s answer): each workgroup splits its whole vector, so it
+/// runs more rows to spread that work; `STRATA_IDOT_GROUPS` (1 to 16, for tuning) overrides 4. A
+/// row's bits never depend on it.
+pub(super) fn staged_groups(local: Option<usize>) -> usize {
+    static GROUPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if local.is_none() {
+        return 1;
+    }
+    *GROUPS.get_or_init(|| {
+        std::env::var("STRATA_IDOT_GROUPS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=16).contains(n))
+            .unwrap_or(4)
+    })
+}
