@@ -46,17 +46,33 @@ fn iq3s_codes(entry: u32, signs4: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ neg);
 }
 
-fn task_w(body: u32, d_row: u32, t: u32) -> Task {
+// What a task reads of its block: the grid indices' low bytes (ql: entries 0-3, qhb: 4-7), their
+// 9th bits (qh), the sign bits, the odd scale 1 + 2s and the block's d.
+struct Iq3sBits {
+    ql: vec4<u32>,
+    qhb: vec4<u32>,
+    qh: u32,
+    s: u32,
+    scale: u32,
+    d: f32,
+}
+
+fn iq3s_bits(body: u32, d_row: u32, t: u32) -> Iq3sBits {
     let sub = t % 8u;
     let blk = (body + (t / 8u) * BODY_BYTES) >> 2u;
-    let q_lo = W[blk + 2u * sub];
-    let q_hi = W[blk + 2u * sub + 1u];
-    let qh = (W[blk + 16u + sub / 4u] >> (8u * (sub % 4u))) & 0xffu;
-    let s = W[blk + 18u + sub];
     let scale_nibble = (W[blk + 26u] >> (8u * (sub / 2u) + 4u * (sub % 2u))) & 0xfu;
-    let db = d_f16(d_row + 2u * (t / 8u)) * f32(1u + 2u * scale_nibble);
-    let ql = bytes4(q_lo);
-    let qhb = bytes4(q_hi);
+    return Iq3sBits(bytes4(W[blk + 2u * sub]), bytes4(W[blk + 2u * sub + 1u]),
+                    (W[blk + 16u + sub / 4u] >> (8u * (sub % 4u))) & 0xffu, W[blk + 18u + sub],
+                    1u + 2u * scale_nibble, d_f16(d_row + 2u * (t / 8u)));
+}
+
+fn task_w(body: u32, d_row: u32, t: u32) -> Task {
+    let bits = iq3s_bits(body, d_row, t);
+    let db = bits.d * f32(bits.scale);
+    let ql = bits.ql;
+    let qhb = bits.qhb;
+    let qh = bits.qh;
+    let s = bits.s;
     return Task(iq3s_codes(ql.x | ((qh << 8u) & 256u), s),
                 iq3s_codes(ql.y | ((qh << 7u) & 256u), s >> 4u),
                 iq3s_codes(ql.z | ((qh << 6u) & 256u), s >> 8u),
@@ -78,16 +94,12 @@ fn iq3s_word(entry: u32, signs4: u32) -> u32 {
 }
 
 fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {
-    let sub = t % 8u;
-    let blk = (body + (t / 8u) * BODY_BYTES) >> 2u;
-    let q_lo = W[blk + 2u * sub];
-    let q_hi = W[blk + 2u * sub + 1u];
-    let qh = (W[blk + 16u + sub / 4u] >> (8u * (sub % 4u))) & 0xffu;
-    let s = W[blk + 18u + sub];
-    let scale_nibble = (W[blk + 26u] >> (8u * (sub / 2u) + 4u * (sub % 2u))) & 0xfu;
-    let k = i32(1u + 2u * scale_nibble);
-    let ql = bytes4(q_lo);
-    let qhb = bytes4(q_hi);
+    let bits = iq3s_bits(body, d_row, t);
+    let k = i32(bits.scale);
+    let ql = bits.ql;
+    let qhb = bits.qhb;
+    let qh = bits.qh;
+    let s = bits.s;
     return TaskI(vec4<u32>(iq3s_word(ql.x | ((qh << 8u) & 256u), s),
                            iq3s_word(ql.y | ((qh << 7u) & 256u), s >> 4u),
                            iq3s_word(ql.z | ((qh << 6u) & 256u), s >> 8u),
@@ -96,5 +108,5 @@ fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {
                            iq3s_word(qhb.y | ((qh << 3u) & 256u), s >> 20u),
                            iq3s_word(qhb.z | ((qh << 2u) & 256u), s >> 24u),
                            iq3s_word(qhb.w | ((qh << 1u) & 256u), s >> 28u)),
-                 k, k, d_f16(d_row + 2u * (t / 8u)));
+                 k, k, bits.d);
 }

@@ -1,5 +1,5 @@
-// ---- Integer-digit arithmetic (the `matvec_idot` assemblies; docs/int-arith.md) ----
-// A kernel experiment, reached only by `strata bench --synthetic matvec --arith int`.
+// ---- Integer-digit arithmetic (the `*_idot` assemblies; docs/int-arith.md) ----
+// Opt-in: `STRATA_ARITH=int`, or `strata bench --synthetic matvec --arith int`.
 //
 // x is split once per mat-vec (xq_split), per (vector, task): E = limb_exp of the task's largest
 // |x| (|x| < 2^E), x_int = round(x * 2^(22-E)) (|x_int| <= 2^22) and its three signed base-256

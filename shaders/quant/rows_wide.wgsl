@@ -139,6 +139,11 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
             acc.q3 = quad_add(acc.q3, w0, w1, w2, w3, XQ3, xo, t);
         }
     }
+    return reduce_wide(acc, nq);
+}
+
+// The tile's sums reduced over the subgroup: reduce_quad of each of the first `nq` quads.
+fn reduce_wide(acc: Wide, nq: u32) -> Wide {
     var r = acc;
     r.q0 = reduce_quad(acc.q0);
     if (QUADS > 1u && nq > 1u) {

@@ -53,16 +53,5 @@ fn rows_wide_idot(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32,
             acc.q3 = quad_add_i(acc.q3, w0, w1, w2, w3, XQ3, t, tasks);
         }
     }
-    var r = acc;
-    r.q0 = reduce_quad(acc.q0);
-    if (QUADS > 1u && nq > 1u) {
-        r.q1 = reduce_quad(acc.q1);
-    }
-    if (QUADS > 2u && nq > 2u) {
-        r.q2 = reduce_quad(acc.q2);
-    }
-    if (QUADS > 3u && nq > 3u) {
-        r.q3 = reduce_quad(acc.q3);
-    }
-    return r;
+    return reduce_wide(acc, nq);
 }

@@ -459,6 +459,22 @@ fn base_params(
     })
 }
 
+/// The fields of a pass over `items` vectors of x alone (its transform, where the vectors lie), for
+/// kernels that rewrite x before the rows read it.
+fn x_params(w: &GpuWeight, x: View, xform: XForm, items: usize) -> Result<MatvecParams, GpuError> {
+    let (x_mode, x_half, x_scale) = xform.mode();
+    Ok(MatvecParams {
+        k: to_u32(w.row_len, "k")?,
+        items: to_u32(items, "items")?,
+        x_stride: to_u32(x.stride, "x stride")?,
+        x_offset: to_u32(x.offset, "x offset")?,
+        x_mode,
+        x_half: to_u32(x_half, "x half")?,
+        x_scale,
+        ..Default::default()
+    })
+}
+
 fn check_input(w: &GpuWeight, x: View, xform: XForm, count: usize) -> Result<(), GpuError> {
     x.check(
         count,
@@ -495,23 +511,13 @@ pub fn prepare_x(
         return Ok(xform);
     }
     check_input(w, x, xform, items)?;
-    let (x_mode, x_half, x_scale) = xform.mode();
-    let params = MatvecParams {
-        k: to_u32(w.row_len, "k")?,
-        items: to_u32(items, "items")?,
-        x_stride: to_u32(x.stride, "x stride")?,
-        x_offset: to_u32(x.offset, "x offset")?,
-        x_mode,
-        x_half: to_u32(x_half, "x half")?,
-        x_scale,
-        ..Default::default()
-    };
+    let params = x_params(w, x, xform, items)?;
     let (gy, gz) = item_grid(items);
     let gx = to_u32(w.row_len.div_ceil(4).div_ceil(64), "grid x")?;
     rec.push(
         ctx,
         &PipelineKey::new(shader_name(w, false), "xform_in_place")
-            .constant("X_MODE", x_mode as f64),
+            .constant("X_MODE", params.x_mode as f64),
         &[(9, &*x.buf.buffer)],
         bytemuck::bytes_of(&params),
         [gx, gy, gz],

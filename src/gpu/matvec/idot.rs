@@ -8,7 +8,7 @@
 
 use super::{
     GpuContext, GpuError, GpuWeight, MatvecParams, Recorder, View, XForm, any_length, specialise,
-    to_u32, wg_size,
+    to_u32, wg_size, x_params,
 };
 use crate::gpu::buffers::GpuBuf;
 use crate::gpu::kernels::item_grid;
@@ -60,17 +60,8 @@ pub(super) fn split(
     let tasks = w.row_len / 32;
     let stride = XQ_WORDS * tasks;
     let buf = ctx.xq_buffer(count * stride)?;
-    let (x_mode, x_half, x_scale) = xform.mode();
-    let params = MatvecParams {
-        k: to_u32(w.row_len, "k")?,
-        items: to_u32(count, "items")?,
-        x_stride: to_u32(x.stride, "x stride")?,
-        x_offset: to_u32(x.offset, "x offset")?,
-        x_mode,
-        x_half: to_u32(x_half, "x half")?,
-        x_scale,
-        ..Default::default()
-    };
+    let params = x_params(w, x, xform, count)?;
+    let x_mode = params.x_mode;
     let (gy, gz) = item_grid(count);
     let gx = to_u32(tasks.div_ceil(XQ_WG), "grid x")?;
     let key = PipelineKey::new(shader(w), "xq_split").constant("X_MODE", f64::from(x_mode));
