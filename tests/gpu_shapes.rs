@@ -404,7 +404,11 @@ fn integer_digit_experiment_shapes() {
         GgmlType::Q8_0,
         GgmlType::Q6_K,
         GgmlType::IQ3_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ2_XS,
         GgmlType::IQ4_NL,
+        GgmlType::Q2_0,
     ] {
         assert!(strata::gpu::shaders::idot_supported(ty), "{}", ty.name());
         let block = ty.block_size().max(32);
@@ -424,6 +428,6 @@ fn integer_digit_experiment_shapes() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 28);
+    assert_eq!(checked, 56);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

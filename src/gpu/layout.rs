@@ -52,6 +52,22 @@ pub fn split_d(ty: GgmlType) -> Option<SplitD> {
             d_offset: 0,
             block_bytes: 110,
         }),
+        GgmlType::IQ3_XXS => Some(SplitD {
+            d_offset: 0,
+            block_bytes: 98,
+        }),
+        GgmlType::IQ2_S => Some(SplitD {
+            d_offset: 0,
+            block_bytes: 82,
+        }),
+        GgmlType::IQ2_XS => Some(SplitD {
+            d_offset: 0,
+            block_bytes: 74,
+        }),
+        GgmlType::Q2_0 => Some(SplitD {
+            d_offset: 0,
+            block_bytes: 18,
+        }),
         _ => None,
     }
 }
