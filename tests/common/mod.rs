@@ -2,6 +2,8 @@
 // Each test binary compiles this module on its own and uses a different subset of it.
 #![allow(dead_code)]
 
+pub mod real_widths;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
