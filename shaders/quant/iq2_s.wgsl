@@ -9,25 +9,13 @@ const QK: u32 = 256u;
 const BODY_BYTES: u32 = 80u;
 const TASKS_PER_BLOCK: u32 = 8u;
 
-fn task_x(t: u32) -> vec2<u32> {
-    return vec2<u32>(32u * t, 32u * t + 16u);
-}
-
 // Component `i` (0..3) of `v`, selected rather than dynamically indexed.
 fn pick4(v: vec4<u32>, i: u32) -> u32 {
     return select(select(v.x, v.y, i == 1u), select(v.z, v.w, i == 3u), i >= 2u);
 }
 
-// What a task reads of its block: its 4 grid indices, their sign bytes (one word each, entry l in
-// byte l), the two scale nibbles and the block's d.
-struct Iq2sBits {
-    entries: vec4<u32>,
-    signs: u32,
-    scales: u32,
-    d: f32,
-}
-
-fn iq2s_bits(body: u32, d_row: u32, t: u32) -> Iq2sBits {
+// This block's task fields (quant/iq2_tasks.wgsl builds its tasks from them).
+fn iq2_bits(body: u32, d_row: u32, t: u32) -> Iq2Bits {
     let sub = t % 8u;
     let blk = body + (t / 8u) * BODY_BYTES;
     let low = pick4(W4[(blk >> 4u) + sub / 4u], sub & 3u);
@@ -36,49 +24,5 @@ fn iq2s_bits(body: u32, d_row: u32, t: u32) -> Iq2sBits {
     let qh = (W[(blk >> 2u) + 16u + sub / 4u] >> shift) & 0xffu;
     let scales = (W[(blk >> 2u) + 18u + sub / 4u] >> shift) & 0xffu;
     let entries = bytes4(low) | ((vec4<u32>(qh) << vec4<u32>(8u, 6u, 4u, 2u)) & vec4<u32>(0x300u));
-    return Iq2sBits(entries, signs, scales, d_f16(d_row + 2u * (t / 8u)));
-}
-
-// The 4 values of grid word `w` (unsigned bytes) with sign bits 0..3 of `signs4` negating them.
-fn iq2s_codes(w: u32, signs4: u32) -> vec4<f32> {
-    let v = bytes_f32(w, 0.0);
-    let neg = ((vec4<u32>(signs4) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(31u);
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ neg);
-}
-
-fn task_w(body: u32, d_row: u32, t: u32) -> Task {
-    let bits = iq2s_bits(body, d_row, t);
-    let e = bits.entries;
-    let s = bits.signs;
-    let sa = bits.d * (0.5 + f32(bits.scales & 0xfu)) * 0.25;
-    let sb = bits.d * (0.5 + f32(bits.scales >> 4u)) * 0.25;
-    return Task(iq2s_codes(GRID[2u * e.x], s), iq2s_codes(GRID[2u * e.x + 1u], s >> 4u),
-                iq2s_codes(GRID[2u * e.y], s >> 8u), iq2s_codes(GRID[2u * e.y + 1u], s >> 12u),
-                iq2s_codes(GRID[2u * e.z], s >> 16u), iq2s_codes(GRID[2u * e.z + 1u], s >> 20u),
-                iq2s_codes(GRID[2u * e.w], s >> 24u), iq2s_codes(GRID[2u * e.w + 1u], s >> 28u),
-                sa, sb);
-}
-
-// The matvec_idot codes (quant/rows_idot.wgsl): grid bytes (8, 25, 43) negated bytewise where
-// their sign bit is set, the odd factors 2s + 1 of each segment, d / 8 as the scale.
-const IDOT_OFFSET: i32 = 0;
-
-fn iq2s_word(w: u32, signs4: u32) -> u32 {
-    let one = ((signs4 & 0xfu) * 0x00204081u) & 0x01010101u;
-    return (w ^ (one * 0xffu)) + one;
-}
-
-fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {
-    let bits = iq2s_bits(body, d_row, t);
-    let e = bits.entries;
-    let s = bits.signs;
-    return TaskI(vec4<u32>(iq2s_word(GRID[2u * e.x], s), iq2s_word(GRID[2u * e.x + 1u], s >> 4u),
-                           iq2s_word(GRID[2u * e.y], s >> 8u),
-                           iq2s_word(GRID[2u * e.y + 1u], s >> 12u)),
-                 vec4<u32>(iq2s_word(GRID[2u * e.z], s >> 16u),
-                           iq2s_word(GRID[2u * e.z + 1u], s >> 20u),
-                           iq2s_word(GRID[2u * e.w], s >> 24u),
-                           iq2s_word(GRID[2u * e.w + 1u], s >> 28u)),
-                 i32(2u * (bits.scales & 0xfu) + 1u), i32(2u * (bits.scales >> 4u) + 1u),
-                 bits.d * 0.125);
+    return Iq2Bits(entries, signs, scales, d_f16(d_row + 2u * (t / 8u)));
 }

@@ -37,13 +37,9 @@ fn task_x(t: u32) -> vec2<u32> {
     return vec2<u32>(32u * t, 32u * t + 16u);
 }
 
-// Grid entry `entry` (4 unsigned bytes) with sign bits 0..3 of `signs4` negating its values.
-// (A 16-entry table of sign masks in workgroup memory was tried: the IQ3_S prefill mat-vec took
-// 406 ms per 512-token chunk on the H200 against 368 ms with these shifts.)
+// Grid entry `entry` with sign bits 0..3 of `signs4` negating its values.
 fn iq3s_codes(entry: u32, signs4: u32) -> vec4<f32> {
-    let v = bytes_f32(GRIDS[entry], 0.0);
-    let neg = ((vec4<u32>(signs4) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(31u);
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ neg);
+    return signed_codes(GRIDS[entry], signs4);
 }
 
 // What a task reads of its block: the grid indices' low bytes (ql: entries 0-3, qhb: 4-7), their
@@ -89,8 +85,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
 const IDOT_OFFSET: i32 = 0;
 
 fn iq3s_word(entry: u32, signs4: u32) -> u32 {
-    let one = ((signs4 & 0xfu) * 0x00204081u) & 0x01010101u;
-    return (GRIDS[entry] ^ (one * 0xffu)) + one;
+    return signed_bytes(GRIDS[entry], signs4);
 }
 
 fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {

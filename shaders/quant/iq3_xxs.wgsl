@@ -56,11 +56,9 @@ fn iq3xxs_bits(body: u32, d_row: u32, t: u32) -> Iq3xxsBits {
                       d_f16(d_row + 2u * (t / 8u)));
 }
 
-// Grid entry `entry` (4 unsigned bytes) with sign bits 0..3 of `signs4` negating its values.
+// Grid entry `entry` with sign bits 0..3 of `signs4` negating its values.
 fn iq3xxs_codes(entry: u32, signs4: u32) -> vec4<f32> {
-    let v = bytes_f32(GRIDS[entry], 0.0);
-    let neg = ((vec4<u32>(signs4) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(31u);
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ neg);
+    return signed_codes(GRIDS[entry], signs4);
 }
 
 fn task_w(body: u32, d_row: u32, t: u32) -> Task {
@@ -81,8 +79,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
 const IDOT_OFFSET: i32 = 0;
 
 fn iq3xxs_word(entry: u32, signs4: u32) -> u32 {
-    let one = ((signs4 & 0xfu) * 0x00204081u) & 0x01010101u;
-    return (GRIDS[entry] ^ (one * 0xffu)) + one;
+    return signed_bytes(GRIDS[entry], signs4);
 }
 
 fn task_wi(body: u32, d_row: u32, t: u32) -> TaskI {

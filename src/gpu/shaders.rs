@@ -78,8 +78,14 @@ pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q5_K => include_str!("../../shaders/quant/q5_k.wgsl"),
         GgmlType::Q6_K => include_str!("../../shaders/quant/q6_k.wgsl"),
         GgmlType::IQ2_XXS => include_str!("../../shaders/quant/iq2_xxs.wgsl"),
-        GgmlType::IQ2_XS => include_str!("../../shaders/quant/iq2_xs.wgsl"),
-        GgmlType::IQ2_S => include_str!("../../shaders/quant/iq2_s.wgsl"),
+        GgmlType::IQ2_XS => concat!(
+            include_str!("../../shaders/quant/iq2_xs.wgsl"),
+            include_str!("../../shaders/quant/iq2_tasks.wgsl")
+        ),
+        GgmlType::IQ2_S => concat!(
+            include_str!("../../shaders/quant/iq2_s.wgsl"),
+            include_str!("../../shaders/quant/iq2_tasks.wgsl")
+        ),
         GgmlType::IQ3_XXS => include_str!("../../shaders/quant/iq3_xxs.wgsl"),
         GgmlType::IQ3_S => include_str!("../../shaders/quant/iq3_s.wgsl"),
         GgmlType::IQ1_S => include_str!("../../shaders/quant/iq1_s.wgsl"),
