@@ -408,6 +408,7 @@ fn integer_digit_experiment_shapes() {
         GgmlType::IQ2_S,
         GgmlType::IQ2_XS,
         GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::Q2_0,
     ] {
         assert!(strata::gpu::shaders::idot_supported(ty), "{}", ty.name());
@@ -428,6 +429,6 @@ fn integer_digit_experiment_shapes() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 56);
+    assert_eq!(checked, 63);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

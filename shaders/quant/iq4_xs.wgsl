@@ -1,26 +1,26 @@
-// block_iq4_xs: f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]; 6-bit scale per 32 values (offset -32)
+// block_iq4_xs: f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]: 8 sub-blocks of 32 values, each
+// with a 6-bit scale (low 4 bits in scales_l, high 2 in scales_h; offset -32) and IQ4_NL's codes.
+// Split layout (src/gpu/layout.rs): the 128 code bytes on 16-byte boundaries, the 8-byte head
+// (d, scales_h, scales_l) in the head plane. A task is one sub-block (quant/iq4_tasks.wgsl).
 const QK: u32 = 256u;
-const BLOCK_BYTES: u32 = 136u;
+const BODY_BYTES: u32 = 128u;
+const TASKS_PER_BLOCK: u32 = 8u;
 
-// The codebook as packed signed bytes: a vector lookup instead of a const-array index, which
-// some drivers turn into a per-invocation copy of the whole array.
-const IQ4_PACKED = vec4<u32>(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
-
-fn iq4_value(q: u32) -> f32 {
-    let byte = (IQ4_PACKED[q >> 2u] >> ((q & 3u) << 3u)) & 0xffu;
-    return f32(bitcast<i32>(byte << 24u) >> 24u);
+// A task's scale: as f32 (`f`, d times the sub-block's scale, the CPU's dl), and as an integer
+// factor `k` (the sub-block's scale) times a scale `s` (d) for task_wi.
+struct Iq4Scale {
+    f: f32,
+    k: i32,
+    s: f32,
 }
 
-fn dequant_chunk(block: u32, sub: u32) {
-    let d = w_f16(block);
-    let scales_h = w_u16(block + 2u);
-    let low = (w_u8(block + 4u + sub / 2u) >> (4u * (sub % 2u))) & 0xfu;
-    let high = (scales_h >> (2u * sub)) & 3u;
-    let dl = d * (f32(low | (high << 4u)) - 32.0);
-    let qs = w_load16(block + 8u + 16u * sub);
-    for (var j = 0u; j < 16u; j++) {
-        let q = byte_of(qs, j);
-        wq[j] = dl * iq4_value(q & 0xfu);
-        wq[j + 16u] = dl * iq4_value(q >> 4u);
-    }
+fn iq4_scale(d_row: u32, t: u32) -> Iq4Scale {
+    let head = d_row + HEAD_BYTES * (t / 8u);
+    let j = t % 8u;
+    let w0 = W[head >> 2u];
+    let low = (W[(head >> 2u) + 1u] >> (4u * j)) & 0xfu;
+    let high = (w0 >> (16u + 2u * j)) & 3u;
+    let k = i32(low | (high << 4u)) - 32;
+    let d = unpack2x16float(w0).x;
+    return Iq4Scale(d * f32(k), k, d);
 }

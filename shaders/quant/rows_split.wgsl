@@ -98,8 +98,9 @@ fn d_f16(b: u32) -> f32 {
     return unpack2x16float(W[b >> 2u] >> ((b & 2u) << 3u)).x;
 }
 
+// Where row `row`'s block heads start (HEAD_BYTES a block, set from src/gpu/layout.rs).
 fn row_d(row: u32) -> u32 {
-    return p.d_base + row * (p.k / QK) * 2u;
+    return p.d_base + row * (p.k / QK) * HEAD_BYTES;
 }
 
 // The x segments of one task for every vector of the tile (only ITEMS of them are loaded).

@@ -248,8 +248,8 @@ impl GpuWeight {
         let local = (row - part.first_row) as u64;
         let rows = self.rows_per_unit as u64;
         Some(match self.split {
-            Some(_) => {
-                let d_row = (self.row_len / self.ty.block_size() * 2) as u64;
+            Some(sd) => {
+                let d_row = layout::head_row_bytes(sd, self.row_len / self.ty.block_size()) as u64;
                 let stride = self.row_stride as u64;
                 vec![
                     (&part.buffer, local * stride, rows * stride),
@@ -389,7 +389,7 @@ fn upload_part(
         match split {
             Some(sd) => {
                 let body_row = blocks * sd.body_bytes();
-                let d_row = blocks * 2;
+                let d_row = layout::head_row_bytes(sd, blocks);
                 let body_len = n * body_row;
                 let body_copy = body_len.div_ceil(4) * 4;
                 let d_len = n * d_row;

@@ -1,29 +1,42 @@
 //! How a weight's blocks are laid out in VRAM.
 //!
 //! Most types are uploaded in their GGUF block format as they are. A few are **split** on upload:
-//! each block's f16 scale `d` moves to a plane of its own after all the blocks' other bytes, so the
-//! remaining block body is a multiple of 16 bytes and the mat-vec can read it with aligned 16-byte
-//! loads (GGUF blocks of 34 or 210 bytes are only 2-byte aligned). Only the place of the bytes
-//! changes, never a value: the kernels dequantize exactly what the GGUF block holds.
+//! each block's head — its f16 scale `d`, and for IQ4_XS the sub-block scales stored beside it —
+//! moves to a plane of its own after all the blocks' other bytes, so the remaining block body is a
+//! multiple of 16 bytes (or of 4) and the mat-vec can read it with aligned 16-byte loads (GGUF
+//! blocks of 34, 136 or 210 bytes are only 2-byte aligned). Only the place of the bytes changes,
+//! never a value: the kernels dequantize exactly what the GGUF block holds.
 //!
-//! A part of `n` rows of a split type is `[n bodies rows][n d rows]`: row `r`'s body starts at
-//! byte `r * body_row_bytes`, its scales at `d_base + r * blocks_per_row * 2`.
+//! A part of `n` rows of a split type is `[n bodies rows][n head rows]`: row `r`'s body starts at
+//! byte `r * body_row_bytes`, its heads at `d_base + r * blocks_per_row * head_bytes`.
 
 use crate::gguf::types::GgmlType;
 
-/// Where a split type keeps its f16 scale inside a GGUF block, and the block's size.
+/// Where a split type keeps its head (the f16 scale `d` first) inside a GGUF block, and the
+/// block's size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitD {
-    /// Byte offset of the f16 `d` inside the GGUF block.
+    /// Byte offset of the head (its f16 `d` first) inside the GGUF block.
     pub d_offset: usize,
+    /// Bytes of the head: 2 (`d` alone) or 8 (IQ4_XS: `d`, `scales_h`, `scales_l`).
+    pub head_bytes: usize,
     /// GGUF block size in bytes.
     pub block_bytes: usize,
 }
 
 impl SplitD {
-    /// Bytes of a block without its `d`.
+    /// A split of the f16 `d` alone at `d_offset`.
+    const fn d(d_offset: usize, block_bytes: usize) -> Self {
+        Self {
+            d_offset,
+            head_bytes: 2,
+            block_bytes,
+        }
+    }
+
+    /// Bytes of a block without its head.
     pub fn body_bytes(&self) -> usize {
-        self.block_bytes - 2
+        self.block_bytes - self.head_bytes
     }
 
     /// Whether block bodies sit on 16-byte boundaries, so the kernel reads them as vec4 (binding
@@ -36,37 +49,18 @@ impl SplitD {
 /// The split layout of `ty`, or `None` when it is uploaded as GGUF blocks.
 pub fn split_d(ty: GgmlType) -> Option<SplitD> {
     match ty {
-        GgmlType::Q8_0 => Some(SplitD {
+        GgmlType::Q8_0 => Some(SplitD::d(0, 34)),
+        GgmlType::Q6_K => Some(SplitD::d(208, 210)),
+        GgmlType::IQ4_NL => Some(SplitD::d(0, 18)),
+        GgmlType::IQ3_S => Some(SplitD::d(0, 110)),
+        GgmlType::IQ3_XXS => Some(SplitD::d(0, 98)),
+        GgmlType::IQ2_S => Some(SplitD::d(0, 82)),
+        GgmlType::IQ2_XS => Some(SplitD::d(0, 74)),
+        GgmlType::Q2_0 => Some(SplitD::d(0, 18)),
+        GgmlType::IQ4_XS => Some(SplitD {
             d_offset: 0,
-            block_bytes: 34,
-        }),
-        GgmlType::Q6_K => Some(SplitD {
-            d_offset: 208,
-            block_bytes: 210,
-        }),
-        GgmlType::IQ4_NL => Some(SplitD {
-            d_offset: 0,
-            block_bytes: 18,
-        }),
-        GgmlType::IQ3_S => Some(SplitD {
-            d_offset: 0,
-            block_bytes: 110,
-        }),
-        GgmlType::IQ3_XXS => Some(SplitD {
-            d_offset: 0,
-            block_bytes: 98,
-        }),
-        GgmlType::IQ2_S => Some(SplitD {
-            d_offset: 0,
-            block_bytes: 82,
-        }),
-        GgmlType::IQ2_XS => Some(SplitD {
-            d_offset: 0,
-            block_bytes: 74,
-        }),
-        GgmlType::Q2_0 => Some(SplitD {
-            d_offset: 0,
-            block_bytes: 18,
+            head_bytes: 8,
+            block_bytes: 136,
         }),
         _ => None,
     }
@@ -81,10 +75,15 @@ pub fn split_sizes(split: SplitD, blocks_per_row: usize, n_rows: usize) -> (usiz
     (body_row, d_base)
 }
 
+/// Bytes of one row's heads.
+pub fn head_row_bytes(split: SplitD, blocks_per_row: usize) -> usize {
+    blocks_per_row * split.head_bytes
+}
+
 /// Total bytes of a part of `n_rows` rows in the split layout (padded to 16).
 pub fn split_part_bytes(split: SplitD, blocks_per_row: usize, n_rows: usize) -> usize {
     let (_, d_base) = split_sizes(split, blocks_per_row, n_rows);
-    (d_base + n_rows * blocks_per_row * 2).div_ceil(16) * 16
+    (d_base + n_rows * head_row_bytes(split, blocks_per_row)).div_ceil(16) * 16
 }
 
 /// Rearrange `data` (whole GGUF rows) into the split layout of a part of `n_rows` rows.
@@ -94,16 +93,16 @@ pub fn split_rows(split: SplitD, blocks_per_row: usize, n_rows: usize, data: &[u
     out
 }
 
-/// One GGUF row `src` in the split layout: its block bodies into `body`, its scales into `d`.
+/// One GGUF row `src` in the split layout: its block bodies into `body`, its heads into `d`.
 pub fn split_row(split: SplitD, src: &[u8], body: &mut [u8], d: &mut [u8]) {
     let bb = split.body_bytes();
     let blocks = src.chunks_exact(split.block_bytes);
     for ((block, out), dd) in blocks
         .zip(body.chunks_exact_mut(bb))
-        .zip(d.chunks_exact_mut(2))
+        .zip(d.chunks_exact_mut(split.head_bytes))
     {
         let (before, rest) = block.split_at(split.d_offset);
-        let (scale, after) = rest.split_at(2);
+        let (scale, after) = rest.split_at(split.head_bytes);
         out[..before.len()].copy_from_slice(before);
         out[before.len()..].copy_from_slice(after);
         dd.copy_from_slice(scale);
@@ -122,15 +121,16 @@ pub fn write_split_rows(
 ) {
     let (body_row, d_base) = split_sizes(split, blocks_per_row, n_rows);
     let body = split.body_bytes();
+    let head = split.head_bytes;
     let first_block = first_row * blocks_per_row;
     for (i, block) in data.chunks_exact(split.block_bytes).enumerate() {
         let b = first_block + i;
         let dst = b * body;
         let (before, rest) = block.split_at(split.d_offset);
-        let (d, after) = rest.split_at(2);
+        let (d, after) = rest.split_at(head);
         out[dst..dst + before.len()].copy_from_slice(before);
         out[dst + before.len()..dst + body].copy_from_slice(after);
-        out[d_base + 2 * b..d_base + 2 * b + 2].copy_from_slice(d);
+        out[d_base + head * b..d_base + head * (b + 1)].copy_from_slice(d);
     }
     debug_assert!(body_row * n_rows <= d_base);
 }
@@ -141,10 +141,7 @@ mod tests {
 
     #[test]
     fn split_moves_only_d() {
-        let split = SplitD {
-            d_offset: 208,
-            block_bytes: 210,
-        };
+        let split = SplitD::d(208, 210);
         let data: Vec<u8> = (0..210 * 6).map(|i| (i * 7 % 251) as u8).collect();
         let out = split_rows(split, 2, 3, &data);
         let (body_row, d_base) = split_sizes(split, 2, 3);
@@ -161,10 +158,7 @@ mod tests {
 
     #[test]
     fn split_with_leading_d() {
-        let split = split_d(GgmlType::Q8_0).unwrap_or(SplitD {
-            d_offset: 0,
-            block_bytes: 34,
-        });
+        let split = split_d(GgmlType::Q8_0).unwrap_or(SplitD::d(0, 34));
         let data: Vec<u8> = (0..34 * 4).map(|i| (i % 253) as u8).collect();
         let out = split_rows(split, 4, 1, &data);
         let (_, d_base) = split_sizes(split, 4, 1);
@@ -173,6 +167,26 @@ mod tests {
             assert_eq!(
                 &out[d_base + 2 * b..d_base + 2 * b + 2],
                 &data[b * 34..b * 34 + 2]
+            );
+        }
+    }
+
+    #[test]
+    fn split_moves_a_whole_head() {
+        let split = split_d(GgmlType::IQ4_XS).unwrap_or(SplitD::d(0, 136));
+        assert_eq!((split.head_bytes, split.body_bytes()), (8, 128));
+        let data: Vec<u8> = (0..136 * 6).map(|i| (i * 5 % 241) as u8).collect();
+        let out = split_rows(split, 3, 2, &data);
+        let (body_row, d_base) = split_sizes(split, 3, 2);
+        assert_eq!(body_row, 384);
+        for b in 0..6 {
+            assert_eq!(
+                &out[b * 128..b * 128 + 128],
+                &data[b * 136 + 8..b * 136 + 136]
+            );
+            assert_eq!(
+                &out[d_base + 8 * b..d_base + 8 * b + 8],
+                &data[b * 136..b * 136 + 8]
             );
         }
     }

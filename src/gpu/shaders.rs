@@ -70,8 +70,14 @@ pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_1 => include_str!("../../shaders/quant/q4_1.wgsl"),
         GgmlType::Q5_0 => include_str!("../../shaders/quant/q5_0.wgsl"),
         GgmlType::Q5_1 => include_str!("../../shaders/quant/q5_1.wgsl"),
-        GgmlType::IQ4_NL => include_str!("../../shaders/quant/iq4_nl.wgsl"),
-        GgmlType::IQ4_XS => include_str!("../../shaders/quant/iq4_xs.wgsl"),
+        GgmlType::IQ4_NL => concat!(
+            include_str!("../../shaders/quant/iq4_nl.wgsl"),
+            include_str!("../../shaders/quant/iq4_tasks.wgsl")
+        ),
+        GgmlType::IQ4_XS => concat!(
+            include_str!("../../shaders/quant/iq4_xs.wgsl"),
+            include_str!("../../shaders/quant/iq4_tasks.wgsl")
+        ),
         GgmlType::Q2_K => include_str!("../../shaders/quant/q2_k.wgsl"),
         GgmlType::Q3_K => include_str!("../../shaders/quant/q3_k.wgsl"),
         GgmlType::Q4_K => include_str!("../../shaders/quant/q4_k.wgsl"),
@@ -207,7 +213,8 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 String::new()
             };
-            let split = super::layout::split_d(ty).is_some();
+            let head = super::layout::split_d(ty).map(|sd| sd.head_bytes);
+            let split = head.is_some();
             let idot = op.ends_with("_idot");
             if (idot || matches!(op, "matvec_norm" | "matvec_wide" | "matvec_coop")) && !split {
                 return Err(GpuError::Unsupported(format!(
@@ -249,8 +256,12 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 ""
             };
+            // A split layout's head bytes per block (src/gpu/layout.rs), for its rows' heads.
+            let head = head.map_or(String::new(), |h| {
+                format!("const HEAD_BYTES: u32 = {h}u;\n")
+            });
             let source = format!(
-                "{enables}{body}\n{grid}{QUANT_COMMON}\n{quant}\n{prologue}{rows}\n{fused}"
+                "{enables}{body}\n{grid}{QUANT_COMMON}\n{head}{quant}\n{prologue}{rows}\n{fused}"
             );
             Ok(if staged {
                 source.replace(XQ_BINDING, XQ_UNBOUND)

@@ -158,7 +158,8 @@ fn empty_arena(
     }
     let split = layout::split_d(shape.ty);
     let blocks = shape.row_len / block;
-    if split.is_some() && !(shape.rows * blocks).is_multiple_of(2) {
+    if split.is_some_and(|sd| !(shape.rows * layout::head_row_bytes(sd, blocks)).is_multiple_of(4))
+    {
         return Err(bad(format!(
             "one expert has an odd number of {} blocks, so its scales cannot be uploaded into a \
              slot; run without --vram-budget (every expert resident)",
@@ -235,7 +236,8 @@ fn write_slot(
             let rows = arena.rows_per_unit;
             let packed = layout::split_rows(sd, blocks, rows, bytes);
             let (body_row, d_base) = layout::split_sizes(sd, blocks, rows);
-            let d_len = rows * blocks * 2;
+            let d_row = layout::head_row_bytes(sd, blocks);
+            let d_len = rows * d_row;
             ctx.queue.write_buffer(
                 &part.buffer,
                 (local * arena.row_stride) as u64,
@@ -243,7 +245,7 @@ fn write_slot(
             );
             ctx.queue.write_buffer(
                 &part.buffer,
-                (part.d_base + local * blocks * 2) as u64,
+                (part.d_base + local * d_row) as u64,
                 &packed[d_base..d_base + d_len],
             );
         }
