@@ -409,6 +409,8 @@ fn integer_digit_experiment_shapes() {
         GgmlType::IQ2_XS,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
         GgmlType::Q2_0,
     ] {
         assert!(strata::gpu::shaders::idot_supported(ty), "{}", ty.name());
@@ -429,6 +431,6 @@ fn integer_digit_experiment_shapes() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 63);
+    assert_eq!(checked, 77);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -1,40 +1,28 @@
-// block_iq1_m: u8 qs[32]; u8 qh[16]; u8 scales[8]. The f16 super-scale is spread over the top
-// nibbles of the four u16 scale words; each 32 values have two 3-bit scales.
+// block_iq1_m: u8 qs[32] (grid index low bytes); u8 qh[16] (per 8 values: 3 high index bits and
+// the delta's sign); u8 scales[8] (per 16 values a 3-bit scale s, factor 2s + 1; the block's f16
+// d spread over the top nibbles of the four u16 scale words). Split layout (src/gpu/layout.rs):
+// the 48-byte body (qs @0, qh @32) on 16-byte boundaries, the 8 scale bytes in the head plane.
+// One task per 32-value chunk `sub` (quant/iq1_tasks.wgsl): segment a takes the chunk's first
+// factor, segment b its second. The 2048-entry codebook (16 KB) is read through the cache (GRID).
 const QK: u32 = 256u;
-const BLOCK_BYTES: u32 = 56u;
+const BODY_BYTES: u32 = 48u;
+const TASKS_PER_BLOCK: u32 = 8u;
 
-fn dequant_chunk(block: u32, sub: u32) {
-    let s0 = w_u16(block + 48u);
-    let s1 = w_u16(block + 50u);
-    let s2 = w_u16(block + 52u);
-    let s3 = w_u16(block + 54u);
-    let d = f16_bits((s0 >> 12u) | ((s1 >> 8u) & 0xf0u) | ((s2 >> 4u) & 0xf00u) | (s3 & 0xf000u));
-    let sc = w_u16(block + 48u + 2u * (sub / 2u));
-    let shift = 6u * (sub % 2u);
-    let dl1 = d * f32(2u * ((sc >> shift) & 7u) + 1u);
-    let dl2 = d * f32(2u * ((sc >> (shift + 3u)) & 7u) + 1u);
-    for (var l = 0u; l < 4u; l++) {
-        let qh = w_u8(block + 32u + 2u * sub + l / 2u);
-        var high: u32;
-        var neg: bool;
-        if ((l & 1u) == 0u) {
-            high = (qh << 8u) & 0x700u;
-            neg = (qh & 0x08u) != 0u;
-        } else {
-            high = (qh << 4u) & 0x700u;
-            neg = (qh & 0x80u) != 0u;
-        }
-        let entry = w_u8(block + 4u * sub + l) | high;
-        var delta = 0.125;
-        if (neg) {
-            delta = -0.125;
-        }
-        var dl = dl1;
-        if (l >= 2u) {
-            dl = dl2;
-        }
-        for (var j = 0u; j < 8u; j++) {
-            wq[8u * l + j] = dl * (grid8_i8(entry, j) + delta);
-        }
-    }
+fn iq1_bits(body: u32, d_row: u32, t: u32) -> Iq1Bits {
+    let sub = t % 8u;
+    let blk = body + (t / 8u) * BODY_BYTES;
+    let qs = pick4(W4[(blk >> 4u) + sub / 4u], sub & 3u);
+    let qh = (pick4(W4[(blk >> 4u) + 2u], sub / 2u) >> (16u * (sub & 1u))) & 0xffffu;
+    let high = vec4<u32>(qh << 8u, qh << 4u, qh, qh >> 4u) & vec4<u32>(0x700u);
+    let neg = ((qh >> 3u) & 1u) | ((qh >> 6u) & 2u) | ((qh >> 9u) & 4u) | ((qh >> 12u) & 8u);
+    let head = d_row + HEAD_BYTES * (t / 8u);
+    let s01 = W[head >> 2u];
+    let s23 = W[(head >> 2u) + 1u];
+    let bits = ((s01 >> 12u) & 0xfu) | ((s01 >> 24u) & 0xf0u) | ((s23 >> 4u) & 0xf00u)
+        | ((s23 >> 16u) & 0xf000u);
+    let sc = (select(s01, s23, sub >= 4u) >> (16u * ((sub / 2u) & 1u) + 6u * (sub & 1u))) & 0x3fu;
+    let ka = 2u * (sc & 7u) + 1u;
+    let kb = 2u * (sc >> 3u) + 1u;
+    let d8 = unpack2x16float(bits).x * 0.125;
+    return Iq1Bits(bytes4(qs) | high, neg, ka, kb, d8, d8 * f32(ka), d8 * f32(kb));
 }

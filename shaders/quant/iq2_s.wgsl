@@ -9,11 +9,6 @@ const QK: u32 = 256u;
 const BODY_BYTES: u32 = 80u;
 const TASKS_PER_BLOCK: u32 = 8u;
 
-// Component `i` (0..3) of `v`, selected rather than dynamically indexed.
-fn pick4(v: vec4<u32>, i: u32) -> u32 {
-    return select(select(v.x, v.y, i == 1u), select(v.z, v.w, i == 3u), i >= 2u);
-}
-
 // This block's task fields (quant/iq2_tasks.wgsl builds its tasks from them).
 fn iq2_bits(body: u32, d_row: u32, t: u32) -> Iq2Bits {
     let sub = t % 8u;

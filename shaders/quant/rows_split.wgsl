@@ -93,6 +93,11 @@ fn signed_bytes(w: u32, signs4: u32) -> u32 {
     return (w ^ (one * 0xffu)) + one;
 }
 
+// Component `i` (0..3) of `v`, selected rather than dynamically indexed.
+fn pick4(v: vec4<u32>, i: u32) -> u32 {
+    return select(select(v.x, v.y, i == 1u), select(v.z, v.w, i == 3u), i >= 2u);
+}
+
 // The f16 scale at even byte address `b` of the scale plane (branch-free).
 fn d_f16(b: u32) -> f32 {
     return unpack2x16float(W[b >> 2u] >> ((b & 2u) << 3u)).x;

@@ -53,8 +53,8 @@ pub struct Args {
     pub shapes: Option<String>,
     /// `--synthetic matvec`: `int` times the integer-digit kernel experiment (docs/int-arith.md:
     /// x split into digits by a dispatch of its own, timed apart as `split us`) for the types
-    /// that have it (the split layouts: Q8_0, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, Q2_0);
-    /// `default` the engine's arithmetic.
+    /// that have it (the split layouts: Q8_0, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S,
+    /// IQ2_XS, IQ1_S, IQ1_M, Q2_0); `default` the engine's arithmetic.
     #[arg(long, value_enum, default_value = "default")]
     pub arith: ArithChoice,
     /// `--synthetic full`: number of layers (the real model has 48; every 4th is attention).

@@ -1,10 +1,10 @@
 //! How a weight's blocks are laid out in VRAM.
 //!
 //! Most types are uploaded in their GGUF block format as they are. A few are **split** on upload:
-//! each block's head — its f16 scale `d`, and for IQ4_XS the sub-block scales stored beside it —
-//! moves to a plane of its own after all the blocks' other bytes, so the remaining block body is a
-//! multiple of 16 bytes (or of 4) and the mat-vec can read it with aligned 16-byte loads (GGUF
-//! blocks of 34, 136 or 210 bytes are only 2-byte aligned). Only the place of the bytes changes,
+//! each block's head (its f16 scale `d`; for IQ4_XS and IQ1_M the sub-block scales stored beside
+//! it or holding it) moves to a plane of its own after all the blocks' other bytes, so the
+//! remaining block body is a multiple of 16 bytes (or of 4) and the mat-vec can read it with
+//! aligned 16-byte loads (GGUF blocks of 34, 136 or 210 bytes are only 2-byte aligned). Only the place of the bytes changes,
 //! never a value: the kernels dequantize exactly what the GGUF block holds.
 //!
 //! A part of `n` rows of a split type is `[n bodies rows][n head rows]`: row `r`'s body starts at
@@ -16,9 +16,10 @@ use crate::gguf::types::GgmlType;
 /// block's size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitD {
-    /// Byte offset of the head (its f16 `d` first) inside the GGUF block.
+    /// Byte offset of the head (the bytes holding `d`) inside the GGUF block.
     pub d_offset: usize,
-    /// Bytes of the head: 2 (`d` alone) or 8 (IQ4_XS: `d`, `scales_h`, `scales_l`).
+    /// Bytes of the head: 2 (`d` alone) or 8 (IQ4_XS: `d`, `scales_h`, `scales_l`; IQ1_M: its
+    /// scales, `d` in their top nibbles).
     pub head_bytes: usize,
     /// GGUF block size in bytes.
     pub block_bytes: usize,
@@ -57,6 +58,13 @@ pub fn split_d(ty: GgmlType) -> Option<SplitD> {
         GgmlType::IQ2_S => Some(SplitD::d(0, 82)),
         GgmlType::IQ2_XS => Some(SplitD::d(0, 74)),
         GgmlType::Q2_0 => Some(SplitD::d(0, 18)),
+        GgmlType::IQ1_S => Some(SplitD::d(0, 50)),
+        // IQ1_M has no d field: its head is the 8 scale bytes, whose top nibbles hold d.
+        GgmlType::IQ1_M => Some(SplitD {
+            d_offset: 48,
+            head_bytes: 8,
+            block_bytes: 56,
+        }),
         GgmlType::IQ4_XS => Some(SplitD {
             d_offset: 0,
             head_bytes: 8,

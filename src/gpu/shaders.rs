@@ -94,8 +94,14 @@ pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
         ),
         GgmlType::IQ3_XXS => include_str!("../../shaders/quant/iq3_xxs.wgsl"),
         GgmlType::IQ3_S => include_str!("../../shaders/quant/iq3_s.wgsl"),
-        GgmlType::IQ1_S => include_str!("../../shaders/quant/iq1_s.wgsl"),
-        GgmlType::IQ1_M => include_str!("../../shaders/quant/iq1_m.wgsl"),
+        GgmlType::IQ1_S => concat!(
+            include_str!("../../shaders/quant/iq1_s.wgsl"),
+            include_str!("../../shaders/quant/iq1_tasks.wgsl")
+        ),
+        GgmlType::IQ1_M => concat!(
+            include_str!("../../shaders/quant/iq1_m.wgsl"),
+            include_str!("../../shaders/quant/iq1_tasks.wgsl")
+        ),
         GgmlType::Q1_0 => include_str!("../../shaders/quant/q1_0.wgsl"),
         GgmlType::Q2_0 => include_str!("../../shaders/quant/q2_0.wgsl"),
         GgmlType::TQ1_0 => include_str!("../../shaders/quant/tq1_0.wgsl"),

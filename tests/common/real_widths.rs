@@ -69,7 +69,7 @@ impl Builder {
             .expect("q8 tensor");
     }
 
-    /// A matrix of `ty` (Q8_0, or a type whose f16 `d` leads each block) with dequantized RMS ≈
+    /// A matrix of `ty` (Q8_0, IQ1_M, or a type whose f16 `d` leads each block) with dequantized RMS ≈
     /// gain / sqrt(cols): random blocks whose `d` is set from the RMS of their codes at d = 1.
     fn quantized(&mut self, name: &str, dims: &[u64], gain: f32, ty: GgmlType) {
         if ty == GgmlType::Q8_0 {
@@ -81,8 +81,13 @@ impl Builder {
         let mut data = quant::random_blocks(ty, n_blocks, self.seed);
         let size = ty.type_size();
         let set_d = |data: &mut [u8], d: f32| {
+            let bits = half::f16::from_f32(d).to_bits();
             for block in data.chunks_exact_mut(size) {
-                block[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                if ty == GgmlType::IQ1_M {
+                    set_iq1_m_d(block, bits);
+                } else {
+                    block[..2].copy_from_slice(&bits.to_le_bytes());
+                }
             }
         };
         set_d(&mut data, 1.0);
@@ -142,8 +147,18 @@ fn primes_from(mut p: u64, count: usize) -> Vec<u64> {
     out
 }
 
+/// IQ1_M's f16 d: nibble i of its bits in the top nibble of the block's scale word i (bytes 48..56).
+fn set_iq1_m_d(block: &mut [u8], bits: u16) {
+    for i in 0..4 {
+        let at = 48 + 2 * i;
+        let word = u16::from_le_bytes([block[at], block[at + 1]]);
+        let word = (word & 0x0fff) | (((bits >> (4 * i)) & 0xf) << 12);
+        block[at..at + 2].copy_from_slice(&word.to_le_bytes());
+    }
+}
+
 /// The model, its routed experts' gate and up matrices of `experts.0` and down matrices of
-/// `experts.1` (Q8_0, or a type whose f16 `d` leads each block).
+/// `experts.1` (Q8_0, IQ1_M, or a type whose f16 `d` leads each block).
 pub fn build_model(experts: (GgmlType, GgmlType)) -> Vec<u8> {
     let mut b = Builder {
         writer: GgufWriter::new(),

@@ -2,8 +2,9 @@
 //! once per mat-vec into three signed base-256 digits per value (`xq_split`) and each task's sums
 //! are exact `dot4I8Packed` integer sums. A context takes it from `STRATA_ARITH=int` (or `strata
 //! bench --synthetic matvec --arith int`, [`GpuContext::set_idot`]) for the split types with
-//! integer codes (Q8_0, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, Q2_0); every store, the expert entry points and the wide
-//! prefill tiles then read the digits, so prefill and decode keep one arithmetic per weight.
+//! integer codes (Q8_0, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ1_S, IQ1_M,
+//! Q2_0); every store, the expert entry points and the wide prefill tiles then read the digits,
+//! so prefill and decode keep one arithmetic per weight.
 //! Input norms are stored apart first (the decode step's own norm kernel), then split.
 
 use super::{
