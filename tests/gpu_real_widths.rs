@@ -1,6 +1,6 @@
 //! The GPU forward pass at the real widths (`common::real_widths`) with routed experts in the split
 //! layouts that the published files' experts use: IQ3_XXS, IQ2_S, IQ2_XS, IQ4_XS or IQ1_M gate and
-//! up matrices, Q2_0 down matrices (the fixtures hold none of these). Every expert path runs: decode's
+//! up matrices (and Q4_K, whose weights have mins), Q2_0 down matrices (the fixtures hold none of these). Every expert path runs: decode's
 //! fused gate|up and down + combine kernels (chunks of 1), per-item experts (chunks of 7) and
 //! grouped prefill (the whole prompt). Each must equal the whole prompt's logits bit for bit, and
 //! the CPU reference within 1e-4 of the largest |logit| (f32 sums in other orders). With a VRAM
@@ -59,6 +59,7 @@ fn split_expert_types_at_real_widths_match_the_cpu_and_every_chunk_size() {
         (GgmlType::IQ2_XS, GgmlType::Q2_0),
         (GgmlType::IQ4_XS, GgmlType::Q2_0),
         (GgmlType::IQ1_M, GgmlType::Q2_0),
+        (GgmlType::Q4_K, GgmlType::Q2_0),
     ] {
         let name = format!("{} / {}", gate_up.name(), down.name());
         let gguf = Arc::new(

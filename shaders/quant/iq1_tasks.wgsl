@@ -62,7 +62,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
     let w = iq1_words(bits);
     return Task(signed_f32(w.a.x), signed_f32(w.a.y), signed_f32(w.a.z), signed_f32(w.a.w),
                 signed_f32(w.b.x), signed_f32(w.b.y), signed_f32(w.b.z), signed_f32(w.b.w), bits.sa,
-                bits.sb);
+                bits.sb, 0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): the same signed bytes, the odd factors, d / 8.

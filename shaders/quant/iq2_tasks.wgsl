@@ -26,7 +26,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
                 signed_codes(GRID[2u * e.y], s >> 8u), signed_codes(GRID[2u * e.y + 1u], s >> 12u),
                 signed_codes(GRID[2u * e.z], s >> 16u), signed_codes(GRID[2u * e.z + 1u], s >> 20u),
                 signed_codes(GRID[2u * e.w], s >> 24u), signed_codes(GRID[2u * e.w + 1u], s >> 28u),
-                sa, sb);
+                sa, sb, 0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): grid bytes (8, 25, 43) negated bytewise where

@@ -77,7 +77,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
                 iq3s_codes(qhb.y | ((qh << 3u) & 256u), s >> 20u),
                 iq3s_codes(qhb.z | ((qh << 2u) & 256u), s >> 24u),
                 iq3s_codes(qhb.w | ((qh << 1u) & 256u), s >> 28u),
-                db, db);
+                db, db, 0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): grid bytes (odd, 1..15) negated bytewise where

@@ -71,7 +71,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
                 iq3xxs_codes(qa.z, s >> 8u), iq3xxs_codes(qa.w, s >> 12u),
                 iq3xxs_codes(qb.x, s >> 16u), iq3xxs_codes(qb.y, s >> 20u),
                 iq3xxs_codes(qb.z, s >> 24u), iq3xxs_codes(qb.w, s >> 28u),
-                db, db);
+                db, db, 0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): grid bytes (4..62) negated bytewise where their

@@ -54,7 +54,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
     let y = iq4_pairs(q.y);
     let z = iq4_pairs(q.z);
     let w = iq4_pairs(q.w);
-    return Task(x.lo, y.lo, z.lo, w.lo, x.hi, y.hi, z.hi, w.hi, s.f, s.f);
+    return Task(x.lo, y.lo, z.lo, w.lo, x.hi, y.hi, z.hi, w.hi, s.f, s.f, 0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): the codebook's signed bytes, the task's integer

@@ -25,7 +25,8 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
     let w = q2_words(body, t);
     let d = d_f16(d_row + 2u * (t / 2u));
     return Task(q2_codes(w.x, 0u), q2_codes(w.x, 1u), q2_codes(w.x, 2u), q2_codes(w.x, 3u),
-                q2_codes(w.y, 0u), q2_codes(w.y, 1u), q2_codes(w.y, 2u), q2_codes(w.y, 3u), d, d);
+                q2_codes(w.y, 0u), q2_codes(w.y, 1u), q2_codes(w.y, 2u), q2_codes(w.y, 3u), d, d,
+                0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): the unsigned 2-bit codes, one a byte (offset 1).

@@ -61,7 +61,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
                 q6_codes(ql.z, qh.z, 0u, pa), q6_codes(ql.w, qh.w, 0u, pa),
                 q6_codes(ql.x, qh.x, 4u, pb), q6_codes(ql.y, qh.y, 4u, pb),
                 q6_codes(ql.z, qh.z, 4u, pb), q6_codes(ql.w, qh.w, 4u, pb),
-                sa, sb);
+                sa, sb, 0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): the unsigned 6-bit codes (offset 32), each

@@ -19,7 +19,7 @@ fn task_w(body: u32, d_row: u32, t: u32) -> Task {
     let hi = W4[i + 1u];
     let d = d_f16(d_row + 2u * t);
     return Task(i8_codes(lo.x), i8_codes(lo.y), i8_codes(lo.z), i8_codes(lo.w),
-                i8_codes(hi.x), i8_codes(hi.y), i8_codes(hi.z), i8_codes(hi.w), d, d);
+                i8_codes(hi.x), i8_codes(hi.y), i8_codes(hi.z), i8_codes(hi.w), d, d, 0.0, 0.0);
 }
 
 // The matvec_idot codes (quant/rows_idot.wgsl): the stored bytes themselves.

@@ -3,16 +3,19 @@
 // supplies the task interface:
 //   TASKS_PER_BLOCK             32-value tasks per block
 //   task_x(t) -> vec2<u32>      first x index of the task's two 16-value segments (row-relative)
-//   task_w(body, d, t) -> Task  the segments' integer codes as exact f32 and one scale each
+//   task_w(body, d, t) -> Task  the segments' integer codes as exact f32, one scale each and, for
+//                               the types with mins (HAS_MIN: Q4_K, Q5_K), one min each
 //
 // Reduction order (fixed): lane l of a subgroup takes tasks l, l+S, l+2S, ... of its row in order.
 // A task's value is fma(sb, Σb, sa * Σa), each Σ a sequential fma over its 16 codes times x in
-// index order; the lane adds its task values in order, then `subgroupAdd` combines the lanes.
+// index order, less fma(mb, Xb, ma * Xa) with mins (X a segment's sum of x, in index order); the
+// lane adds its task values in order, then `subgroupAdd` combines the lanes.
 
 // The same buffer as W, for aligned 16-byte loads of block bodies.
 @group(0) @binding(5) var<storage, read> W4: array<vec4<u32>>;
 
-// A task's codes (16 + 16 values, as exact f32 integers) and the scale of each 16-value segment.
+// A task's codes (16 + 16 values, as exact f32 integers), the scale of each 16-value segment and
+// its min (a weight is scale * code - min; 0 without HAS_MIN).
 struct Task {
     a0: vec4<f32>,
     a1: vec4<f32>,
@@ -24,6 +27,8 @@ struct Task {
     b3: vec4<f32>,
     sa: f32,
     sb: f32,
+    ma: f32,
+    mb: f32,
 }
 
 // A task's integer codes for the matvec_idot assemblies (quant/rows_idot.wgsl): each segment's
@@ -67,7 +72,31 @@ fn task_dot(t: Task, xa: Seg, xb: Seg) -> f32 {
     sb = fma4(t.b1, xb.v1, sb);
     sb = fma4(t.b2, xb.v2, sb);
     sb = fma4(t.b3, xb.v3, sb);
-    return fma(t.sb, sb, t.sa * sa);
+    let v = fma(t.sb, sb, t.sa * sa);
+    if (HAS_MIN) {
+        return v - fma(t.mb, seg_total(xb), t.ma * seg_total(xa));
+    }
+    return v;
+}
+
+// The sum of a segment's 16 x values, in index order.
+fn seg_total(x: Seg) -> f32 {
+    var s = x.v0.x;
+    s = s + x.v0.y;
+    s = s + x.v0.z;
+    s = s + x.v0.w;
+    s = s + x.v1.x;
+    s = s + x.v1.y;
+    s = s + x.v1.z;
+    s = s + x.v1.w;
+    s = s + x.v2.x;
+    s = s + x.v2.y;
+    s = s + x.v2.z;
+    s = s + x.v2.w;
+    s = s + x.v3.x;
+    s = s + x.v3.y;
+    s = s + x.v3.z;
+    return s + x.v3.w;
 }
 
 // Exact f32 of the 4 bytes of `w` minus `bias`, by the exponent trick: 2^23 + byte, less 2^23.
@@ -425,13 +454,13 @@ fn get_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     let xo = task_x(t);
     for (var rep = 0u; rep < p.x_stride; rep++) {
         let base = item * p.y_stride + rep * p.x_offset;
-        put4(base + xo.x, w.sa * w.a0);
-        put4(base + xo.x + 4u, w.sa * w.a1);
-        put4(base + xo.x + 8u, w.sa * w.a2);
-        put4(base + xo.x + 12u, w.sa * w.a3);
-        put4(base + xo.y, w.sb * w.b0);
-        put4(base + xo.y + 4u, w.sb * w.b1);
-        put4(base + xo.y + 8u, w.sb * w.b2);
-        put4(base + xo.y + 12u, w.sb * w.b3);
+        put4(base + xo.x, w.sa * w.a0 - w.ma);
+        put4(base + xo.x + 4u, w.sa * w.a1 - w.ma);
+        put4(base + xo.x + 8u, w.sa * w.a2 - w.ma);
+        put4(base + xo.x + 12u, w.sa * w.a3 - w.ma);
+        put4(base + xo.y, w.sb * w.b0 - w.mb);
+        put4(base + xo.y + 4u, w.sb * w.b1 - w.mb);
+        put4(base + xo.y + 8u, w.sb * w.b2 - w.mb);
+        put4(base + xo.y + 12u, w.sb * w.b3 - w.mb);
     }
 }

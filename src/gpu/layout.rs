@@ -1,8 +1,8 @@
 //! How a weight's blocks are laid out in VRAM.
 //!
 //! Most types are uploaded in their GGUF block format as they are. A few are **split** on upload:
-//! each block's head (its f16 scale `d`; for IQ4_XS and IQ1_M the sub-block scales stored beside
-//! it or holding it) moves to a plane of its own after all the blocks' other bytes, so the
+//! each block's head (its f16 scale `d`; for IQ4_XS, IQ1_M, Q4_K and Q5_K the sub-block scales
+//! (and mins) stored beside it or holding it) moves to a plane of its own after all the blocks' other bytes, so the
 //! remaining block body is a multiple of 16 bytes (or of 4) and the mat-vec can read it with
 //! aligned 16-byte loads (GGUF blocks of 34, 136 or 210 bytes are only 2-byte aligned). Only the place of the bytes changes,
 //! never a value: the kernels dequantize exactly what the GGUF block holds.
@@ -18,8 +18,8 @@ use crate::gguf::types::GgmlType;
 pub struct SplitD {
     /// Byte offset of the head (the bytes holding `d`) inside the GGUF block.
     pub d_offset: usize,
-    /// Bytes of the head: 2 (`d` alone) or 8 (IQ4_XS: `d`, `scales_h`, `scales_l`; IQ1_M: its
-    /// scales, `d` in their top nibbles).
+    /// Bytes of the head: 2 (`d` alone), 8 (IQ4_XS: `d`, `scales_h`, `scales_l`; IQ1_M: its
+    /// scales, `d` in their top nibbles) or 16 (Q4_K, Q5_K: `d`, `dmin`, scales and mins).
     pub head_bytes: usize,
     /// GGUF block size in bytes.
     pub block_bytes: usize,
@@ -59,6 +59,17 @@ pub fn split_d(ty: GgmlType) -> Option<SplitD> {
         GgmlType::IQ2_XS => Some(SplitD::d(0, 74)),
         GgmlType::Q2_0 => Some(SplitD::d(0, 18)),
         GgmlType::IQ1_S => Some(SplitD::d(0, 50)),
+        // The K types with mins: d, dmin and the packed scales and mins.
+        GgmlType::Q4_K => Some(SplitD {
+            d_offset: 0,
+            head_bytes: 16,
+            block_bytes: 144,
+        }),
+        GgmlType::Q5_K => Some(SplitD {
+            d_offset: 0,
+            head_bytes: 16,
+            block_bytes: 176,
+        }),
         // IQ1_M has no d field: its head is the 8 scale bytes, whose top nibbles hold d.
         GgmlType::IQ1_M => Some(SplitD {
             d_offset: 48,

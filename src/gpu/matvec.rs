@@ -399,7 +399,7 @@ fn specialise(key: PipelineKey, rows: usize, wg: usize, items: usize, x_mode: u3
 /// tuning only: it changes the bits of the rows it touches.
 fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
     // The limb arithmetic folds a row's tasks in order within one subgroup.
-    if ctx.pipelines.limb() && super::layout::split_d(w.ty).is_some() {
+    if ctx.pipelines.limb() && super::shaders::limb_supported(w.ty) {
         return 1;
     }
     static KSPLIT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();

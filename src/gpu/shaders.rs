@@ -80,8 +80,14 @@ pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
         ),
         GgmlType::Q2_K => include_str!("../../shaders/quant/q2_k.wgsl"),
         GgmlType::Q3_K => include_str!("../../shaders/quant/q3_k.wgsl"),
-        GgmlType::Q4_K => include_str!("../../shaders/quant/q4_k.wgsl"),
-        GgmlType::Q5_K => include_str!("../../shaders/quant/q5_k.wgsl"),
+        GgmlType::Q4_K => concat!(
+            include_str!("../../shaders/quant/q4_k.wgsl"),
+            include_str!("../../shaders/quant/k_tasks.wgsl")
+        ),
+        GgmlType::Q5_K => concat!(
+            include_str!("../../shaders/quant/q5_k.wgsl"),
+            include_str!("../../shaders/quant/k_tasks.wgsl")
+        ),
         GgmlType::Q6_K => include_str!("../../shaders/quant/q6_k.wgsl"),
         GgmlType::IQ2_XXS => include_str!("../../shaders/quant/iq2_xxs.wgsl"),
         GgmlType::IQ2_XS => concat!(
@@ -127,14 +133,24 @@ pub fn needs_grid(ty: GgmlType) -> bool {
 }
 
 /// The mat-vec row body for the types without a split layout: lanes along the row (`dq8`) for the
-/// float types; a lane per chunk with a register `dq_chunk` for IQ3_S and Q5_K, whose
-/// block headers would otherwise be decoded once per 8 values; the generic chunk path for the rest.
+/// float types; the generic chunk path for the rest.
 fn row_body(ty: GgmlType) -> String {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ROWDOT_GROUP.to_string(),
-        GgmlType::IQ3_S | GgmlType::Q5_K => ROWDOT_CHUNK.to_string(),
         _ => format!("{GENERIC_DQ_CHUNK}\n{ROWDOT_CHUNK}"),
     }
+}
+
+/// Whether the type's weights have mins (a weight is scale * code - min: Q4_K, Q5_K). Their tasks
+/// carry the mins, which the limb arithmetic and its tensor-core tiles do not read: such weights
+/// keep the default arithmetic in a limb context.
+pub fn has_min(ty: GgmlType) -> bool {
+    quant_source(ty).is_some_and(|s| s.contains("const HAS_MIN: bool = true;"))
+}
+
+/// Whether the limb arithmetic (and its tensor-core tiles) applies to weights of this type.
+pub fn limb_supported(ty: GgmlType) -> bool {
+    super::layout::split_d(ty).is_some() && !has_min(ty)
 }
 
 /// Whether the type has integer codes for the `matvec_idot` assemblies (its `task_wi`).
@@ -228,6 +244,12 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                     ty.name()
                 )));
             }
+            if op == "matvec_coop" && has_min(ty) {
+                return Err(GpuError::Unsupported(format!(
+                    "no tensor-core tiles for {} (weights with mins)",
+                    ty.name()
+                )));
+            }
             if idot && !idot_supported(ty) {
                 return Err(GpuError::Unsupported(format!(
                     "no integer-digit codes for {}",
@@ -255,6 +277,12 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 "fn prologue(lid: u32) {}\n"
             };
+            // Only the types with mins declare HAS_MIN; they never take the limb arithmetic.
+            let mins = if quant.contains("const HAS_MIN") {
+                ""
+            } else {
+                "const HAS_MIN: bool = false;\n"
+            };
             let fused = fusion_sources(op, split);
             // WGSL's enable directives come before any declaration.
             let enables = if op == "matvec_coop" {
@@ -267,8 +295,13 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
                 format!("const HEAD_BYTES: u32 = {h}u;\n")
             });
             let source = format!(
-                "{enables}{body}\n{grid}{QUANT_COMMON}\n{head}{quant}\n{prologue}{rows}\n{fused}"
+                "{enables}{body}\n{grid}{QUANT_COMMON}\n{head}{quant}\n{prologue}{mins}{rows}\n{fused}"
             );
+            let source = if has_min(ty) {
+                source.replace("override LIMB: bool = false;", "const LIMB: bool = false;")
+            } else {
+                source
+            };
             Ok(if staged {
                 source.replace(XQ_BINDING, XQ_UNBOUND)
             } else {

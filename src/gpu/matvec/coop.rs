@@ -20,7 +20,7 @@ const ROWS_PER_WG: usize = 64;
 pub(super) fn usable(ctx: &GpuContext, w: &GpuWeight, x: View, xform: XForm, items: usize) -> bool {
     ctx.coop()
         && items > 1
-        && w.split.is_some()
+        && crate::gpu::shaders::limb_supported(w.ty)
         && xform == XForm::Plain
         && !any_length(w, x, xform)
 }
