@@ -359,3 +359,48 @@ fn bench_ablation_and_small_kernels_report() {
     assert!(kernels.iter().any(|k| k.starts_with("moe_router_wide")));
     assert!(kernels.iter().any(|k| k.starts_with("moe_router ")));
 }
+
+/// The (quant, arith) rows of `strata bench --synthetic matvec --arith int`, each timed on the GPU.
+fn matvec_bench_rows(quant: &str, shape: &str) -> Vec<(String, String)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "--synthetic", "matvec", "--arith", "int"])
+        .args(["--quant", quant, "--shapes", shape])
+        .output()
+        .expect("spawn strata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| {
+            assert!(r["gpu_microseconds"].as_f64().expect("timed") > 0.0, "{r}");
+            let field = |k: &str| r[k].as_str().expect("field").to_string();
+            (field("quant"), field("arith"))
+        })
+        .collect()
+}
+
+/// `strata bench --synthetic matvec --arith int` labels each row with the arithmetic it took: the
+/// integer digits for a type with integer codes (IQ4_NL; at this shape a decode mat-vec splits x
+/// inside its workgroups, with no dispatch of its own), the default for one without (Q4_K, whose
+/// weights have mins).
+#[test]
+fn bench_matvec_labels_the_arithmetic_each_type_took() {
+    if context().is_none() {
+        return;
+    }
+    let pair = |q: &str, a: &str| vec![(q.to_string(), a.to_string())];
+    assert_eq!(
+        matvec_bench_rows("IQ4_NL", "10240x2560"),
+        pair("IQ4_NL", "int")
+    );
+    assert_eq!(
+        matvec_bench_rows("Q4_K", "320x10240"),
+        pair("Q4_K", "default")
+    );
+}

@@ -52,9 +52,11 @@ pub struct Args {
     #[arg(long)]
     pub shapes: Option<String>,
     /// `--synthetic matvec`: `int` times the integer-digit kernel experiment (docs/int-arith.md:
-    /// x split into digits by a dispatch of its own, timed apart as `split us`) for the types
-    /// that have it (the split layouts: Q8_0, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S,
-    /// IQ2_XS, IQ1_S, IQ1_M, Q2_0); `default` the engine's arithmetic.
+    /// x split into digits inside the mat-vec's workgroups where they hold them, else by a
+    /// dispatch of its own, timed apart as `split us`) for the types that have it (the split
+    /// layouts but Q4_K and Q5_K: Q8_0, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ1_S,
+    /// IQ1_M, Q2_0; the `arith` column says which rows took it); `default` the engine's
+    /// arithmetic. A weight larger than the adapter's binding limit is timed over all its parts.
     #[arg(long, value_enum, default_value = "default")]
     pub arith: ArithChoice,
     /// `--synthetic full`: number of layers (the real model has 48; every 4th is attention).
@@ -284,7 +286,7 @@ struct MatvecRow {
     quant: String,
     /// `int` where the integer-digit experiment ran this row.
     arith: &'static str,
-    /// That experiment's split of x (a dispatch of its own), GPU microseconds.
+    /// That experiment's split of x where it is a dispatch of its own, GPU microseconds.
     split_microseconds: Option<f64>,
     rows: usize,
     cols: usize,
@@ -375,10 +377,10 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::json!({
         "benchmark": "matvec",
         "adapter": ctx.adapter,
-        "timing": "per mat-vec: GPU timestamps around every dispatch of a pass over 8 rotating \
-                   matrices, summed and divided by 8, best of 3 passes (gbps uses it when the \
-                   adapter has timestamps); wall = best of 3 passes minus the submit overhead, \
-                   divided by 8",
+        "timing": "per mat-vec: GPU timestamps around every dispatch of a pass over 2 to 8 \
+                   rotating matrices, a mat-vec's parts added, the pass's median, best of 3 \
+                   passes (gbps uses it when the adapter has timestamps); wall = best of 3 \
+                   passes minus the submit overhead, divided by the pass's mat-vecs",
         "submit_overhead_microseconds": overhead * 1e6,
         "streaming_read_gbps": read.gbps,
         "streaming_read_timing": read.timing,
@@ -575,10 +577,12 @@ fn time_matvec(
         }
     }
     warm_up(ctx, &rec)?;
-    // The integer-digit experiment records a split before each mat-vec: two dispatches each.
+    // A mat-vec records a dispatch per part of the weight (a tensor over the adapter's binding
+    // limit has several), after the integer-digit split where it has one.
     let per_matvec = rec.len() / (rounds * copies);
-    // The median dispatch of the pass (robust to a clock change inside it), best of 3 passes;
-    // with the split, the mat-vecs' and the splits' apart.
+    let splits = per_matvec.saturating_sub(weights[0].parts.len());
+    // The median mat-vec of the pass (robust to a clock change inside it; its parts' dispatches
+    // added), best of 3 passes; the splits apart.
     let mut gpu_seconds: Option<f64> = None;
     let mut split_seconds: Option<f64> = None;
     let median = |v: &mut Vec<f64>| {
@@ -587,16 +591,12 @@ fn time_matvec(
     };
     for _ in 0..3 {
         if let Some(ns) = dispatch_gpu_ns(ctx, &rec)? {
-            let mut mv: Vec<f64> = ns
-                .iter()
-                .skip(per_matvec - 1)
-                .step_by(per_matvec)
-                .copied()
-                .collect();
+            let groups = ns.chunks_exact(per_matvec);
+            let mut mv: Vec<f64> = groups.clone().map(|g| g[splits..].iter().sum()).collect();
             let per = median(&mut mv);
             gpu_seconds = Some(gpu_seconds.map_or(per, |best| best.min(per)));
-            if per_matvec > 1 {
-                let mut sp: Vec<f64> = ns.iter().step_by(per_matvec).copied().collect();
+            if splits > 0 {
+                let mut sp: Vec<f64> = groups.map(|g| g[..splits].iter().sum()).collect();
                 let per = median(&mut sp);
                 split_seconds = Some(split_seconds.map_or(per, |best| best.min(per)));
             }
@@ -609,7 +609,11 @@ fn time_matvec(
     let gbps = bytes_moved as f64 / gpu_seconds.unwrap_or(wall) / 1e9;
     Ok(MatvecRow {
         quant: ty.name().to_string(),
-        arith: if per_matvec > 1 { "int" } else { "default" },
+        arith: if ctx.idot() && crate::gpu::shaders::idot_supported(ty) {
+            "int"
+        } else {
+            "default"
+        },
         split_microseconds: split_seconds.map(|s| s * 1e6),
         rows,
         cols,
