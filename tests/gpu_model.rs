@@ -291,6 +291,17 @@ fn stage_check_mode_gives_the_same_bits() {
     assert!(bits_equal(&a, &b), "stage-checked run differs");
 }
 
+/// Run the strata binary; it must succeed (else its stderr is the failure). Its stdout.
+fn strata_stdout(command: &mut std::process::Command) -> Vec<u8> {
+    let out = command.output().expect("spawn strata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// `strata bench --ablate 2` on the tiny model: the decode step timed again without each of the
 /// two kernels the profile ranks first (their labels, in that order), every timing positive; and
 /// `bench --synthetic small` times the empty dispatch and both router entry points.
@@ -301,18 +312,13 @@ fn bench_ablation_and_small_kernels_report() {
     }
     let json = std::env::temp_dir().join(format!("strata-ablate-{}.json", std::process::id()));
     let model = fixtures().join("tiny-F16.gguf");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "--prefill", "8", "--decode", "2", "--ablate", "2"])
-        .arg("--model")
-        .arg(&model)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("spawn strata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    strata_stdout(
+        std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["bench", "--prefill", "8", "--decode", "2", "--ablate", "2"])
+            .arg("--model")
+            .arg(&model)
+            .arg("--json")
+            .arg(&json),
     );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
@@ -336,16 +342,14 @@ fn bench_ablation_and_small_kernels_report() {
         assert!(r["step_ms"].as_f64().expect("timed") > 0.0, "{r}");
     }
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "--synthetic", "small"])
-        .output()
-        .expect("spawn strata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let report: serde_json::Value = serde_json::from_slice(&strata_stdout(
+        std::process::Command::new(env!("CARGO_BIN_EXE_strata")).args([
+            "bench",
+            "--synthetic",
+            "small",
+        ]),
+    ))
+    .expect("json");
     let kernels: Vec<&str> = report["results"]
         .as_array()
         .expect("results")
@@ -362,17 +366,12 @@ fn bench_ablation_and_small_kernels_report() {
 
 /// The (quant, arith) rows of `strata bench --synthetic matvec --arith int`, each timed on the GPU.
 fn matvec_bench_rows(quant: &str, shape: &str) -> Vec<(String, String)> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(["bench", "--synthetic", "matvec", "--arith", "int"])
-        .args(["--quant", quant, "--shapes", shape])
-        .output()
-        .expect("spawn strata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let report: serde_json::Value = serde_json::from_slice(&strata_stdout(
+        std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["bench", "--synthetic", "matvec", "--arith", "int"])
+            .args(["--quant", quant, "--shapes", shape]),
+    ))
+    .expect("json");
     report["results"]
         .as_array()
         .expect("results")

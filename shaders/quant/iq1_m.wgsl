@@ -10,9 +10,9 @@ const TASKS_PER_BLOCK: u32 = 8u;
 
 fn iq1_bits(body: u32, d_row: u32, t: u32) -> Iq1Bits {
     let sub = t % 8u;
-    let blk = body + (t / 8u) * BODY_BYTES;
-    let qs = pick4(W4[(blk >> 4u) + sub / 4u], sub & 3u);
-    let qh = (pick4(W4[(blk >> 4u) + 2u], sub / 2u) >> (16u * (sub & 1u))) & 0xffffu;
+    let q = iq1_body(body, t);
+    let qs = q.x;
+    let qh = q.y;
     let high = vec4<u32>(qh << 8u, qh << 4u, qh, qh >> 4u) & vec4<u32>(0x700u);
     let neg = ((qh >> 3u) & 1u) | ((qh >> 6u) & 2u) | ((qh >> 9u) & 4u) | ((qh >> 12u) & 8u);
     let head = d_row + HEAD_BYTES * (t / 8u);

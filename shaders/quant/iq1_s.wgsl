@@ -8,10 +8,9 @@ const BODY_BYTES: u32 = 48u;
 const TASKS_PER_BLOCK: u32 = 8u;
 
 fn iq1_bits(body: u32, d_row: u32, t: u32) -> Iq1Bits {
-    let sub = t % 8u;
-    let blk = body + (t / 8u) * BODY_BYTES;
-    let qs = pick4(W4[(blk >> 4u) + sub / 4u], sub & 3u);
-    let qh = (pick4(W4[(blk >> 4u) + 2u], sub / 2u) >> (16u * (sub & 1u))) & 0xffffu;
+    let q = iq1_body(body, t);
+    let qs = q.x;
+    let qh = q.y;
     let entries = bytes4(qs) | (((vec4<u32>(qh) >> vec4<u32>(0u, 3u, 6u, 9u)) & vec4<u32>(7u)) << vec4<u32>(8u));
     let k = 2u * ((qh >> 12u) & 7u) + 1u;
     let neg = select(0u, 0xfu, (qh & 0x8000u) != 0u);

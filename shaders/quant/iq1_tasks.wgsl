@@ -20,6 +20,16 @@ struct Iq1Bits {
     sb: f32,
 }
 
+// Both types' 48-byte bodies: task t's word of 4 grid index bytes (qs @0) and its 16 bits of qh
+// (@32).
+fn iq1_body(body: u32, t: u32) -> vec2<u32> {
+    let sub = t % 8u;
+    let blk = (body + (t / 8u) * BODY_BYTES) >> 4u;
+    let qs = pick4(W4[blk + sub / 4u], sub & 3u);
+    let qh = (pick4(W4[blk + 2u], sub / 2u) >> (16u * (sub & 1u))) & 0xffffu;
+    return vec2<u32>(qs, qh);
+}
+
 fn task_x(t: u32) -> vec2<u32> {
     return vec2<u32>(32u * t, 32u * t + 16u);
 }

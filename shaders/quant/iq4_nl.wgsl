@@ -5,13 +5,6 @@ const QK: u32 = 32u;
 const BODY_BYTES: u32 = 16u;
 const TASKS_PER_BLOCK: u32 = 1u;
 
-// A task's scale: as f32 (`f`), and as an integer factor `k` times a scale `s` (task_wi).
-struct Iq4Scale {
-    f: f32,
-    k: i32,
-    s: f32,
-}
-
 fn iq4_scale(d_row: u32, t: u32) -> Iq4Scale {
     let d = d_f16(d_row + 2u * t);
     return Iq4Scale(d, 1, d);

@@ -3,6 +3,14 @@
 // `iq4_scale`). A task is 32 values whose codes are the 16 bytes at body + 16t: values 0..15 the
 // low nibbles of bytes 0..15, values 16..31 the high nibbles, indexing a fixed non-linear codebook.
 
+// A task's scale (the type's iq4_scale): as f32 (`f`), and as an integer factor `k` times a
+// scale `s` (task_wi).
+struct Iq4Scale {
+    f: f32,
+    k: i32,
+    s: f32,
+}
+
 // The codebook as packed signed bytes: a vector lookup instead of a const-array index, which
 // some drivers turn into a per-invocation copy of the whole array.
 const IQ4_PACKED = vec4<u32>(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);

@@ -6,14 +6,7 @@ const QK: u32 = 256u;
 const BODY_BYTES: u32 = 128u;
 const TASKS_PER_BLOCK: u32 = 8u;
 
-// A task's scale: as f32 (`f`, d times the sub-block's scale, the CPU's dl), and as an integer
-// factor `k` (the sub-block's scale) times a scale `s` (d) for task_wi.
-struct Iq4Scale {
-    f: f32,
-    k: i32,
-    s: f32,
-}
-
+// The task's scale: d times the sub-block's scale (the CPU's dl), or that scale as the factor.
 fn iq4_scale(d_row: u32, t: u32) -> Iq4Scale {
     let head = d_row + HEAD_BYTES * (t / 8u);
     let j = t % 8u;

@@ -59,6 +59,16 @@ const CONV_TAP: &str = include_str!("../../shaders/conv_tap.wgsl");
 const SEG_CONV: &str = include_str!("../../shaders/quant/seg_conv.wgsl");
 const SEG_CONV_NONE: &str = "fn seg0_store(c: u32, u: f32) -> f32 { return u; }\n";
 
+/// A type's file with the task builders it shares with its family appended.
+macro_rules! quant_with {
+    ($file:literal, $tasks:literal) => {
+        concat!(
+            include_str!(concat!("../../shaders/quant/", $file, ".wgsl")),
+            include_str!(concat!("../../shaders/quant/", $tasks, ".wgsl"))
+        )
+    };
+}
+
 /// Weight formats the GPU kernels can read, with the WGSL file that dequantizes them.
 pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
     Some(match ty {
@@ -70,44 +80,20 @@ pub fn quant_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_1 => include_str!("../../shaders/quant/q4_1.wgsl"),
         GgmlType::Q5_0 => include_str!("../../shaders/quant/q5_0.wgsl"),
         GgmlType::Q5_1 => include_str!("../../shaders/quant/q5_1.wgsl"),
-        GgmlType::IQ4_NL => concat!(
-            include_str!("../../shaders/quant/iq4_nl.wgsl"),
-            include_str!("../../shaders/quant/iq4_tasks.wgsl")
-        ),
-        GgmlType::IQ4_XS => concat!(
-            include_str!("../../shaders/quant/iq4_xs.wgsl"),
-            include_str!("../../shaders/quant/iq4_tasks.wgsl")
-        ),
+        GgmlType::IQ4_NL => quant_with!("iq4_nl", "iq4_tasks"),
+        GgmlType::IQ4_XS => quant_with!("iq4_xs", "iq4_tasks"),
         GgmlType::Q2_K => include_str!("../../shaders/quant/q2_k.wgsl"),
         GgmlType::Q3_K => include_str!("../../shaders/quant/q3_k.wgsl"),
-        GgmlType::Q4_K => concat!(
-            include_str!("../../shaders/quant/q4_k.wgsl"),
-            include_str!("../../shaders/quant/k_tasks.wgsl")
-        ),
-        GgmlType::Q5_K => concat!(
-            include_str!("../../shaders/quant/q5_k.wgsl"),
-            include_str!("../../shaders/quant/k_tasks.wgsl")
-        ),
+        GgmlType::Q4_K => quant_with!("q4_k", "k_tasks"),
+        GgmlType::Q5_K => quant_with!("q5_k", "k_tasks"),
         GgmlType::Q6_K => include_str!("../../shaders/quant/q6_k.wgsl"),
         GgmlType::IQ2_XXS => include_str!("../../shaders/quant/iq2_xxs.wgsl"),
-        GgmlType::IQ2_XS => concat!(
-            include_str!("../../shaders/quant/iq2_xs.wgsl"),
-            include_str!("../../shaders/quant/iq2_tasks.wgsl")
-        ),
-        GgmlType::IQ2_S => concat!(
-            include_str!("../../shaders/quant/iq2_s.wgsl"),
-            include_str!("../../shaders/quant/iq2_tasks.wgsl")
-        ),
+        GgmlType::IQ2_XS => quant_with!("iq2_xs", "iq2_tasks"),
+        GgmlType::IQ2_S => quant_with!("iq2_s", "iq2_tasks"),
         GgmlType::IQ3_XXS => include_str!("../../shaders/quant/iq3_xxs.wgsl"),
         GgmlType::IQ3_S => include_str!("../../shaders/quant/iq3_s.wgsl"),
-        GgmlType::IQ1_S => concat!(
-            include_str!("../../shaders/quant/iq1_s.wgsl"),
-            include_str!("../../shaders/quant/iq1_tasks.wgsl")
-        ),
-        GgmlType::IQ1_M => concat!(
-            include_str!("../../shaders/quant/iq1_m.wgsl"),
-            include_str!("../../shaders/quant/iq1_tasks.wgsl")
-        ),
+        GgmlType::IQ1_S => quant_with!("iq1_s", "iq1_tasks"),
+        GgmlType::IQ1_M => quant_with!("iq1_m", "iq1_tasks"),
         GgmlType::Q1_0 => include_str!("../../shaders/quant/q1_0.wgsl"),
         GgmlType::Q2_0 => include_str!("../../shaders/quant/q2_0.wgsl"),
         GgmlType::TQ1_0 => include_str!("../../shaders/quant/tq1_0.wgsl"),
