@@ -885,6 +885,49 @@ fn router_case(ctx: &GpuContext, n_expert: usize) {
     );
 }
 
+/// A token whose router logits hold a NaN: both routers keep every id in range (the expert
+/// kernels index with them) and give it non-finite weights, which the caller's finiteness check
+/// reports; the token beside it is routed as the CPU routes it.
+#[test]
+fn router_nan_logits_keep_ids_in_range_and_weights_non_finite() {
+    let Some(ctx) = context() else { return };
+    for n_expert in [512, 2100] {
+        let (k, tokens) = (10, 2);
+        let mut logits = random_vec(tokens * n_expert, 41);
+        logits[n_expert + 77] = f32::NAN;
+        let lb = upload(&ctx, &logits);
+        let ids = GpuBuf::zeros(&ctx, "ids", tokens * k).expect("ids");
+        let wts = GpuBuf::zeros(&ctx, "wts", tokens * k).expect("wts");
+        let mut rec = Recorder::new();
+        gops::moe_router(&ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
+        rec.run(&ctx).expect("run");
+        let got_ids = ids.read_u32(&ctx, 0, tokens * k).expect("ids");
+        let got_w = download(&ctx, &wts, tokens * k);
+        let mut p = logits[..n_expert].to_vec();
+        cpu::softmax(&mut p);
+        let want: Vec<u32> = cpu::top_k(&p, k).iter().map(|&e| e as u32).collect();
+        assert_eq!(
+            &got_ids[..k],
+            &want[..],
+            "{n_expert} experts: the finite token"
+        );
+        assert!(
+            got_w[..k].iter().all(|w| w.is_finite()),
+            "finite token's weights"
+        );
+        assert!(
+            got_ids[k..].iter().all(|&e| (e as usize) < n_expert),
+            "{n_expert} experts: ids in range, got {:?}",
+            &got_ids[k..]
+        );
+        assert!(
+            got_w[k..].iter().all(|w| !w.is_finite()),
+            "{n_expert} experts: NaN token's weights {:?}",
+            &got_w[k..]
+        );
+    }
+}
+
 /// GDN conv + recurrence against a CPU twin written from `model::gdn` (same per-token maths),
 /// and chunk invariance: the tokens in one dispatch == token by token == uneven chunks that cross
 /// the kernel's 8-token staging batches, bit for bit. Shapes: the tiny fixture's heads, the real
