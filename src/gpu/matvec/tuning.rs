@@ -1,0 +1,221 @@
+//! The shapes a mat-vec runs in: workgroup and tile sizes, rows per subgroup, the K split, and
+//! the environment knobs that override them for tuning. A row's bits never depend on them, except
+//! the K split (see [`k_split`]).
+
+use super::keys::any_length;
+use super::{GpuContext, GpuWeight, View, XForm};
+
+/// Invocations per mat-vec workgroup (`STRATA_MATVEC_WG` overrides: 64, 128 or 256, for tuning).
+pub(super) fn wg_size() -> usize {
+    static WG: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WG.get_or_init(|| {
+        std::env::var("STRATA_MATVEC_WG")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [64, 128, 256].contains(n))
+            .unwrap_or(128)
+    })
+}
+
+pub(super) const TILE: usize = 4;
+
+/// Vectors per wide prefill tile (quant/rows_wide.wgsl, split layouts only): 16 unless
+/// `STRATA_WIDE` (0 = off, 8, 12 or 16) says otherwise, for tuning. A row's bits never depend on it.
+pub(super) fn wide_items() -> usize {
+    static WIDE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| {
+        std::env::var("STRATA_WIDE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [0, 8, 12, 16].contains(n))
+            .unwrap_or(16)
+    })
+}
+
+/// Whether wide tiles read x in task order (`permute_x` in quant/rows_wide.wgsl): the lanes of a
+/// subgroup, each on its own 32-value task, then load consecutive vec4s instead of vec4s 128
+/// bytes apart. `STRATA_XPERM=0` turns it off, for comparison; the bits are the same either way.
+pub(super) fn xperm() -> bool {
+    static XPERM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *XPERM.get_or_init(|| std::env::var("STRATA_XPERM").map_or(true, |v| v != "0"))
+}
+
+/// Rows per subgroup of the wide tiles (`STRATA_WIDE_ROWS`, 1 to 4, for tuning; default 4).
+fn wide_rows() -> usize {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    ROWS.get_or_init(|| env_rows("STRATA_WIDE_ROWS"))
+        .unwrap_or(4)
+}
+
+/// Whether a mat-vec of `w` over `x` may run in wide tiles: a split layout read plainly (the
+/// transform already applied) by the split row body.
+pub(super) fn wide_ok(w: &GpuWeight, x: View, xform: XForm) -> bool {
+    wide_items() > 0 && w.split.is_some() && xform == XForm::Plain && !any_length(w, x, xform)
+}
+
+/// The adapter's subgroup size for sizing grids (32 when it reports none). Any actual size still
+/// computes every row: the kernels loop over their row groups by the real subgroup count.
+pub(super) fn subgroup_size(ctx: &GpuContext) -> usize {
+    match ctx.adapter.subgroup_max_size {
+        0 => 32,
+        n => (n as usize).min(wg_size()),
+    }
+}
+
+/// Rows per subgroup: for the split layouts, enough workgroups to fill a large GPU before sharing
+/// x loads across rows (`STRATA_MATVEC_ROWS` overrides, for tuning); row pairs for the block
+/// layouts. A row's bits do not depend on it.
+pub(super) fn rows_per_subgroup(w: &GpuWeight, rows: usize) -> usize {
+    if w.split.is_none() {
+        return 2;
+    }
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if let Some(n) = *ROWS.get_or_init(|| env_rows("STRATA_MATVEC_ROWS")) {
+        return n;
+    }
+    match rows {
+        r if r >= 8192 => 4,
+        r if r >= 4096 => 2,
+        _ => 1,
+    }
+}
+
+/// Rows per subgroup for a dispatch of `tile`-vector tiles: prefill tiles (of `TILE` vectors) of
+/// the split layouts take 4, sharing each x load among 4 rows; the rest as
+/// [`rows_per_subgroup`].
+fn rows_for_tile(w: &GpuWeight, rows: usize, tile: usize) -> usize {
+    static PREFILL_ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    if tile == TILE && w.split.is_some() {
+        PREFILL_ROWS
+            .get_or_init(|| env_rows("STRATA_PREFILL_ROWS"))
+            .unwrap_or(4)
+    } else {
+        rows_per_subgroup(w, rows)
+    }
+}
+
+/// Rows per subgroup for `tile`-vector tiles: [`wide_rows`] for wide tiles, else
+/// [`rows_for_tile`].
+pub(super) fn tile_rows(w: &GpuWeight, rows: usize, tile: usize) -> usize {
+    if tile > TILE {
+        wide_rows()
+    } else {
+        rows_for_tile(w, rows, tile)
+    }
+}
+
+/// A rows-per-subgroup override from the environment (1 to 4; for tuning, never for results),
+/// read once per process by its caller.
+fn env_rows(var: &str) -> Option<usize> {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=4).contains(n))
+}
+
+/// Subgroups that share each row of a dense mat-vec (the shader's KSPLIT), for matrices of few
+/// long rows (up to 1,024 rows of 2,048 values or more), which would leave a large GPU mostly idle
+/// with each lane walking tens of loop steps: 4; never more than a workgroup's subgroups. (On the
+/// H200: 320 x 10,240 Q6_K 15.6 us unsplit, 12.9 split in 2, 11.6 in 4; the router's
+/// 513 x 2,560 F32 15.1, 12.0, 10.9; 2,560 x 6,144 rows got slower split.) It changes a row's summation order, so it depends on the weight and the
+/// adapter only, never on the number of vectors: prefill and decode agree. (The expert entry
+/// points keep 1.) `STRATA_MATVEC_KSPLIT` (1, 2, 4 or 8) overrides it for every dense weight, for
+/// tuning only: it changes the bits of the rows it touches.
+pub(super) fn k_split(ctx: &GpuContext, w: &GpuWeight) -> usize {
+    // The limb arithmetic folds a row's tasks in order within one subgroup.
+    if ctx.pipelines.limb() && crate::gpu::shaders::limb_supported(w.ty) {
+        return 1;
+    }
+    static KSPLIT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let tuned = *KSPLIT.get_or_init(|| {
+        std::env::var("STRATA_MATVEC_KSPLIT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [1, 2, 4, 8].contains(n))
+    });
+    let want = match (w.n_rows, w.row_len) {
+        _ if tuned.is_some() => tuned.unwrap_or(1),
+        (r, _) if r > 1024 => 1,
+        (_, k) if k >= 2048 => 4,
+        _ => 1,
+    };
+    want.min((wg_size() / subgroup_size(ctx)).max(1))
+}
+
+/// The smaller wide tile, for batches of decode steps (8 to 15 vectors left after the wide tiles).
+pub(super) const SMALL_WIDE: usize = 8;
+
+/// Whether a remainder of 8 to 15 vectors takes one wide tile of 8 (`STRATA_SMALL_WIDE=1`) or
+/// tiles of `TILE`.
+pub(super) fn small_wide() -> bool {
+    static SMALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SMALL.get_or_init(|| std::env::var("STRATA_SMALL_WIDE").is_ok_and(|v| v == "1"))
+}
+
+/// The fewest vectors a wide tile takes.
+pub(super) fn least_wide() -> usize {
+    let wide = wide_items();
+    if wide > SMALL_WIDE && small_wide() {
+        SMALL_WIDE
+    } else {
+        wide
+    }
+}
+
+/// Row groups (of [`glu_pairs`] gate|up pairs) per workgroup of
+/// [`matvec_expert_glu`](super::matvec_expert_glu): one per subgroup unless `STRATA_GLU_WG_ROWS` (1
+/// to 256, for tuning) says otherwise; the subgroups take them in turn. A row's bits never depend
+/// on it.
+pub(super) fn glu_rows_per_wg() -> Option<usize> {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("STRATA_GLU_WG_ROWS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=256).contains(n))
+    })
+}
+
+/// Gate|up row pairs per subgroup of [`matvec_expert_glu`](super::matvec_expert_glu) (the shader's
+/// ROWS / 2): 1 unless `STRATA_GLU_PAIRS` (1 or 2, for tuning) says otherwise. A row's bits never
+/// depend on it.
+pub(super) fn glu_pairs() -> usize {
+    static PAIRS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAIRS.get_or_init(|| {
+        std::env::var("STRATA_GLU_PAIRS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| [1, 2].contains(n))
+            .unwrap_or(1)
+    })
+}
+
+/// Invocations of a [`matvec_expert_combine`](super::matvec_expert_combine) workgroup: one subgroup
+/// per slot (320 for 10 slots on 32-wide subgroups), so that every slot's row dot runs at once
+/// (H200, 8 layers: the kernel 38.6 -> 34.5 us, decode 302.9 -> 311.0 tok/s against 128
+/// invocations), at least 128 and at most the adapter's limit; or `STRATA_COMBINE_WG` (a multiple
+/// of 32 from 64 up to the limit; for tuning). Any size gives the same bits (each slot's dot is one
+/// subgroup's, whichever it is).
+pub(super) fn combine_wg(ctx: &GpuContext, slots: usize) -> usize {
+    static WG: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let limit = ctx.limits.max_compute_invocations_per_workgroup as usize;
+    let per_slot = (slots * subgroup_size(ctx)).next_multiple_of(32);
+    WG.get_or_init(|| {
+        std::env::var("STRATA_COMBINE_WG")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| *n >= 64 && n.is_multiple_of(32))
+    })
+    .filter(|n| *n <= limit)
+    .unwrap_or_else(|| per_slot.clamp(wg_size(), limit.max(wg_size())))
+}
+
+/// Rows of each workgroup of [`matvec_expert_combine`](super::matvec_expert_combine) (its shader's
+/// ROWS): 4 unless `STRATA_COMBINE_ROWS` (1 to 4, for tuning) says otherwise. A row's bits never
+/// depend on it. (H200, 8 layers, 64 decode steps: the kernel 273 -> 215 us per step against 2
+/// rows, decode 305-315 -> 331-340 tok/s.)
+pub(super) fn combine_rows() -> usize {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    ROWS.get_or_init(|| env_rows("STRATA_COMBINE_ROWS"))
+        .unwrap_or(4)
+}
