@@ -378,6 +378,11 @@ fn matvec_bench_rows(quant: &str, shape: &str) -> Vec<(String, String)> {
         .iter()
         .map(|r| {
             assert!(r["gpu_microseconds"].as_f64().expect("timed") > 0.0, "{r}");
+            let apart = r["independent_microseconds"].as_f64().expect("independent");
+            let share = r["independent_fraction_of_streaming_read"]
+                .as_f64()
+                .expect("share");
+            assert!(apart > 0.0 && share > 0.0 && share.is_finite(), "{r}");
             let field = |k: &str| r[k].as_str().expect("field").to_string();
             (field("quant"), field("arith"))
         })

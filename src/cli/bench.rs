@@ -37,7 +37,8 @@ pub struct Args {
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
     /// Synthetic benchmark instead of a model: `matvec` (per-quant mat-vec roofline at the real
-    /// model's shapes), `small` (what dependent dispatches cost inside a pass: empty ones of
+    /// model's shapes, each mat-vec timed in a chain where it waits for the one before, as in a
+    /// decode step, and apart, `indep us`, where the mat-vecs of a pass overlap), `small` (what dependent dispatches cost inside a pass: empty ones of
     /// several grid sizes, a 2.7 MB read and the MoE router) or `full` (a random model of the
     /// real widths, `--layers` and `--routed-experts` deep, run like `--model`).
     #[arg(long)]
@@ -303,6 +304,12 @@ struct MatvecRow {
     /// `bytes_moved` over the GPU time when measured, else over the wall time.
     gbps: f64,
     fraction_of_streaming_read: f64,
+    /// The same pass with every mat-vec writing an output of its own, so none waits for the one
+    /// before (wgpu puts no barrier between them): host wall less the submit overhead, per
+    /// mat-vec. What the kernel streams when dispatches overlap, without the dependent chain.
+    independent_microseconds: f64,
+    /// `bytes_moved` over `independent_microseconds`, as a fraction of the streaming read.
+    independent_fraction_of_streaming_read: f64,
 }
 
 /// The arithmetic `--synthetic matvec` times.
@@ -347,8 +354,18 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
         overhead * 1e6
     );
     eprintln!(
-        "{:<8} {:<7} {:<22} {:>12} {:>10} {:>10} {:>8} {:>7} {:>9}",
-        "quant", "arith", "shape", "bytes", "gpu us", "wall us", "GB/s", "of read", "split us"
+        "{:<8} {:<7} {:<22} {:>12} {:>10} {:>10} {:>8} {:>7} {:>9} {:>9} {:>7}",
+        "quant",
+        "arith",
+        "shape",
+        "bytes",
+        "gpu us",
+        "wall us",
+        "GB/s",
+        "of read",
+        "split us",
+        "indep us",
+        "of read"
     );
     for r in &table {
         let gpu = r
@@ -362,7 +379,7 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
             .split_microseconds
             .map_or_else(|| "-".to_string(), |us| format!("{us:.1}"));
         eprintln!(
-            "{:<8} {:<7} {:<22} {:>12} {:>10} {:>10.1} {:>8.1} {:>6.1}% {:>9}",
+            "{:<8} {:<7} {:<22} {:>12} {:>10} {:>10.1} {:>8.1} {:>6.1}% {:>9} {:>9.1} {:>6.1}%",
             r.quant,
             r.arith,
             shape,
@@ -371,7 +388,9 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
             r.wall_microseconds,
             r.gbps,
             r.fraction_of_streaming_read * 100.0,
-            split
+            split,
+            r.independent_microseconds,
+            r.independent_fraction_of_streaming_read * 100.0
         );
     }
     Ok(serde_json::json!({
@@ -380,7 +399,9 @@ fn bench_matvec(args: &Args) -> anyhow::Result<serde_json::Value> {
         "timing": "per mat-vec: GPU timestamps around every dispatch of a pass over 2 to 8 \
                    rotating matrices, a mat-vec's parts added, the pass's median, best of 3 \
                    passes (gbps uses it when the adapter has timestamps); wall = best of 3 \
-                   passes minus the submit overhead, divided by the pass's mat-vecs",
+                   passes minus the submit overhead, divided by the pass's mat-vecs; \
+                   independent = the same pass with an output per mat-vec (no mat-vec waits \
+                   for another), timed the same way as wall",
         "submit_overhead_microseconds": overhead * 1e6,
         "streaming_read_gbps": read.gbps,
         "streaming_read_timing": read.timing,
@@ -567,15 +588,22 @@ fn time_matvec(
     let ids = GpuBuf::from_u32(ctx, "ids", &ids)?;
     // The copies in turn, repeated to at least MATVEC_PASS dispatches: one pass keeps the GPU
     // busy for a while, so its clocks stay up while it is timed.
-    let mut rec = Recorder::new();
     let rounds = MATVEC_PASS.div_ceil(copies);
-    for w in weights.iter().cycle().take(rounds * copies) {
-        let (xv, yv) = (View::new(&x, 0, cols), View::new(&y, 0, rows));
-        match experts {
-            Some(k) => kernels::matvec_expert(ctx, &mut rec, w, &ids, k, false, xv, yv, k)?,
-            None => kernels::matvec(ctx, &mut rec, w, xv, yv, 1)?,
+    let record = |outputs: &[GpuBuf]| -> anyhow::Result<Recorder> {
+        let mut rec = Recorder::new();
+        let weights = weights.iter().cycle().take(rounds * copies);
+        for (w, y) in weights.zip(outputs.iter().cycle()) {
+            let (xv, yv) = (View::new(&x, 0, cols), View::new(y, 0, rows));
+            match experts {
+                Some(k) => kernels::matvec_expert(ctx, &mut rec, w, &ids, k, false, xv, yv, k)?,
+                None => kernels::matvec(ctx, &mut rec, w, xv, yv, 1)?,
+            }
         }
-    }
+        Ok(rec)
+    };
+    // Every mat-vec writes the one output, so each waits for the one before (a decode step's
+    // chain); then each its own output (no waits).
+    let rec = record(std::slice::from_ref(&y))?;
     warm_up(ctx, &rec)?;
     // A mat-vec records a dispatch per part of the weight (a tensor over the adapter's binding
     // limit has several), after the integer-digit split where it has one.
@@ -604,6 +632,12 @@ fn time_matvec(
     }
     let dispatches = (rounds * copies) as f64;
     let wall = (best_wall_seconds(ctx, &rec, 3)? - overhead).max(1e-9) / dispatches;
+    let outputs = (0..rounds * copies)
+        .map(|_| GpuBuf::zeros(ctx, "y", rows * k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let apart = record(&outputs)?;
+    warm_up(ctx, &apart)?;
+    let independent = (best_wall_seconds(ctx, &apart, 3)? - overhead).max(1e-9) / dispatches;
     let weight_bytes = rows * k * (cols / ty.block_size()) * ty.type_size();
     let bytes_moved = weight_bytes + 4 * (rows * k + cols);
     let gbps = bytes_moved as f64 / gpu_seconds.unwrap_or(wall) / 1e9;
@@ -624,6 +658,8 @@ fn time_matvec(
         wall_microseconds: wall * 1e6,
         gbps,
         fraction_of_streaming_read: gbps / read_gbps,
+        independent_microseconds: independent * 1e6,
+        independent_fraction_of_streaming_read: bytes_moved as f64 / independent / 1e9 / read_gbps,
     })
 }
 
