@@ -3,11 +3,8 @@
 use std::path::{Path, PathBuf};
 use strata::gguf::{GgmlType, Gguf, GgufError, GgufWriter, Value};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tiny")
-        .join(name)
-}
+mod common;
+use common::{fixtures, tiny_model};
 
 /// A fresh, empty directory for one test (removed again by the test on success).
 fn scratch_dir(test: &str) -> PathBuf {
@@ -19,7 +16,7 @@ fn scratch_dir(test: &str) -> PathBuf {
 
 #[test]
 fn tiny_f16_metadata_and_tensors() {
-    let path = fixture("tiny-F16.gguf");
+    let path = tiny_model("F16");
     let gguf = Gguf::open(&path).expect("tiny-F16 parses");
     assert_eq!(gguf.version(), 3);
     assert_eq!(gguf.get_str("general.architecture"), Some("qwen4exp"));
@@ -78,7 +75,7 @@ fn tiny_f16_metadata_and_tensors() {
 
 #[test]
 fn tiny_iq3_s_mixed_types() {
-    let gguf = Gguf::open(fixture("tiny-IQ3_S.gguf")).expect("tiny-IQ3_S parses");
+    let gguf = Gguf::open(tiny_model("IQ3_S")).expect("tiny-IQ3_S parses");
     assert_eq!(gguf.get_str("general.architecture"), Some("qwen4exp"));
     assert_eq!(gguf.get_u64("qwen4exp.block_count"), Some(4));
     assert_eq!(gguf.get_u64("general.file_type"), Some(26));
@@ -283,7 +280,7 @@ fn writer_honours_custom_alignment() {
 
 #[test]
 fn fixture_survives_a_rewrite_through_the_writer() {
-    let original = Gguf::open(fixture("tiny-IQ3_S.gguf")).expect("fixture");
+    let original = Gguf::open(tiny_model("IQ3_S")).expect("fixture");
     let mut writer = GgufWriter::new();
     for (key, value) in original.metadata() {
         writer.add_metadata(key.clone(), value.clone());
@@ -333,7 +330,7 @@ fn write_shards(original: &Gguf, dir: &Path, count: usize) -> Vec<PathBuf> {
 
 #[test]
 fn multi_shard_model_reads_like_the_single_file() {
-    let original = Gguf::open(fixture("tiny-IQ3_S.gguf")).expect("fixture");
+    let original = Gguf::open(tiny_model("IQ3_S")).expect("fixture");
     let dir = scratch_dir("shards");
     let paths = write_shards(&original, &dir, 3);
 
@@ -379,7 +376,7 @@ fn multi_shard_model_reads_like_the_single_file() {
 
 #[test]
 fn multi_shard_consistency_is_checked() {
-    let original = Gguf::open(fixture("tiny-IQ3_S.gguf")).expect("fixture");
+    let original = Gguf::open(tiny_model("IQ3_S")).expect("fixture");
     let dir = scratch_dir("shard-checks");
     let paths = write_shards(&original, &dir, 2);
 
@@ -445,7 +442,7 @@ fn multi_shard_consistency_is_checked() {
 
 #[test]
 fn open_reports_io_errors_with_the_path() {
-    let missing = fixture("no-such-model.gguf");
+    let missing = fixtures().join("no-such-model.gguf");
     let message = Gguf::open(&missing).expect_err("missing file").to_string();
     assert!(
         message.starts_with(&missing.display().to_string()),

@@ -1,13 +1,9 @@
 //! `strata inspect` through the built binary.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tiny")
-        .join(name)
-}
+mod common;
+use common::tiny_model;
 
 fn inspect(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -23,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn inspect_prints_metadata_tensors_totals_and_config() {
-    let path = fixture("tiny-IQ3_S.gguf");
+    let path = tiny_model("IQ3_S");
     let output = inspect(&[path.to_str().expect("utf-8 path")]);
     let stdout = text(&output.stdout);
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -74,7 +70,7 @@ fn inspect_prints_metadata_tensors_totals_and_config() {
 
 #[test]
 fn inspect_json_is_complete_and_parseable() {
-    let path = fixture("tiny-F16.gguf");
+    let path = tiny_model("F16");
     let output = inspect(&["--json", path.to_str().expect("utf-8 path")]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&output.stdout).expect("valid JSON");
@@ -101,7 +97,7 @@ fn inspect_json_is_complete_and_parseable() {
 
 #[test]
 fn inspect_tensor_filters() {
-    let path = fixture("tiny-F16.gguf");
+    let path = tiny_model("F16");
     let path = path.to_str().expect("utf-8 path");
     let filtered = text(&inspect(&["--tensors", "blk.3.", path]).stdout);
     let listed = filtered
@@ -117,7 +113,7 @@ fn inspect_tensor_filters() {
 
 #[test]
 fn inspect_truncated_file_fails_with_one_error_line() {
-    let bytes = std::fs::read(fixture("tiny-IQ3_S.gguf")).expect("fixture");
+    let bytes = std::fs::read(tiny_model("IQ3_S")).expect("fixture");
     let dir = std::env::temp_dir().join(format!("strata-inspect-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let truncated = dir.join("cut.gguf");

@@ -2,16 +2,13 @@
 //! allocation. Truncations, random corruption and hand-crafted bad headers.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use strata::gguf::{GgmlType, Gguf, GgufWriter, Value};
 
-const NAME: &str = "bad.gguf";
+mod common;
+use common::tiny_model;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tiny")
-        .join(name)
-}
+const NAME: &str = "bad.gguf";
 
 /// Parse `bytes`, proving it does not panic; on success touch every tensor's data.
 /// Returns the error message, or `None` when the bytes parsed.
@@ -95,8 +92,8 @@ fn every_truncation_of_a_small_file_is_an_error() {
 
 #[test]
 fn truncations_of_a_real_fixture_are_errors() {
-    let bytes = std::fs::read(fixture("tiny-IQ3_S.gguf")).expect("fixture");
-    let header_end = Gguf::open(fixture("tiny-IQ3_S.gguf"))
+    let bytes = std::fs::read(tiny_model("IQ3_S")).expect("fixture");
+    let header_end = Gguf::open(tiny_model("IQ3_S"))
         .expect("fixture parses")
         .tensors()
         .iter()
@@ -172,7 +169,7 @@ fn random_corruption_of_a_small_file_never_panics() {
 
 #[test]
 fn random_corruption_of_a_fixture_header_never_panics() {
-    let bytes = std::fs::read(fixture("tiny-IQ3_S.gguf")).expect("fixture");
+    let bytes = std::fs::read(tiny_model("IQ3_S")).expect("fixture");
     let header_end = 25_000.min(bytes.len());
     let rejected = corrupt_cases(&bytes, header_end, 600, 0x5EED_0002);
     assert!(rejected > 0);
@@ -493,7 +490,7 @@ fn write_fuzz_seeds() {
     std::fs::write(dir.join("small.gguf"), small_valid_file()).expect("small seed");
     // The fixture's metadata with its long arrays cut short and three of its tensors, so the
     // seed is a few KB but has the real keys, types and layout.
-    let fixture = Gguf::open(fixture("tiny-IQ3_S.gguf")).expect("fixture");
+    let fixture = Gguf::open(tiny_model("IQ3_S")).expect("fixture");
     let mut writer = GgufWriter::new();
     for (key, value) in fixture.metadata() {
         let value = match value {

@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::gpu_context as context;
+use common::gpu::{download, upload};
+use common::{bits, fixtures_root, gpu_context as context, random_vec};
 use std::path::PathBuf;
 
 use strata::gguf::types::GgmlType;
@@ -14,34 +15,9 @@ use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, View};
 use strata::model::config::KvType;
 
-/// The repository root: `STRATA_REPO` when set (a test binary carried to another machine, where
-/// the compile-time path does not exist), else the crate directory.
-fn repo_root() -> PathBuf {
-    std::env::var_os("STRATA_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-}
-
-fn fixture(name: &str) -> PathBuf {
-    repo_root().join("tests/fixtures").join(name)
-}
-
 fn read_f32_file(path: &PathBuf) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytemuck::pod_collect_to_vec(&bytes)
-}
-
-/// Deterministic pseudo-random values in [-1, 1) (xorshift), never all zeros.
-fn random_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// (ggml name in the fixture files, type)
@@ -75,9 +51,9 @@ fn fixture_blocks(name: &str) -> (Vec<u8>, Vec<f32>) {
     let mut bytes = Vec::new();
     let mut values = Vec::new();
     for set in ["random", "quantized"] {
-        let b =
-            std::fs::read(fixture(&format!("quant-vectors/{name}.{set}.bin"))).expect("fixture");
-        let v = read_f32_file(&fixture(&format!("quant-vectors/{name}.{set}.f32")));
+        let b = std::fs::read(fixtures_root().join(format!("quant-vectors/{name}.{set}.bin")))
+            .expect("fixture");
+        let v = read_f32_file(&fixtures_root().join(format!("quant-vectors/{name}.{set}.f32")));
         // Keep whole 32-value groups only (the GPU reads rows in multiples of 32 values).
         if v.len().is_multiple_of(32) {
             bytes.extend_from_slice(&b);
@@ -356,14 +332,6 @@ fn close(got: &[f32], want: &[f32], tol: f32, what: &str) -> f32 {
     println!("{what}: max relative error {worst:.2e} (tolerance {tol:.0e})");
     assert!(worst <= tol, "{what}: {worst:.2e} > {tol:.0e}");
     worst
-}
-
-fn upload(ctx: &GpuContext, v: &[f32]) -> GpuBuf {
-    GpuBuf::from_f32(ctx, "test", v).expect("upload")
-}
-
-fn download(ctx: &GpuContext, b: &GpuBuf, n: usize) -> Vec<f32> {
-    b.read_f32(ctx, 0, n).expect("read")
 }
 
 /// The three norm entries against `model::ops` (f32 paths: 1e-5 relative).
@@ -1706,10 +1674,6 @@ fn at_column(v: &[f32], width: usize, first: usize, seed: u64) -> Vec<f32> {
     let mut padded = random_vec(first * width, seed);
     padded.extend_from_slice(v);
     padded
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// The QSA kernels run from a batch member's columns (`QsaParams::first` 2 and 5: the index

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 mod common;
-use common::{fixtures, gpu_context as context, max_abs_diff, prompt_ids, read, run};
+use common::{
+    bits, fixtures, gpu_context as context, max_abs_diff, prompt_ids, read, run, tiny_model,
+};
 
 use strata::engine::Backend;
 use strata::gguf::Gguf;
@@ -32,7 +34,7 @@ fn oracle_tolerance(kv: KvType) -> f32 {
 }
 
 fn gguf(ty: &str) -> Arc<Gguf> {
-    let path = fixtures().join(format!("tiny-{ty}.gguf"));
+    let path = tiny_model(ty);
     Arc::new(Gguf::open(&path).expect("fixture GGUF opens"))
 }
 
@@ -42,10 +44,6 @@ fn gpu(ctx: &Arc<GpuContext>, ty: &str, kv: KvType) -> Arc<GpuBackend> {
         ..TierArgs::default()
     };
     Arc::new(GpuBackend::load_with(ctx.clone(), gguf(ty), 1024, &tiers).expect("GPU load"))
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]

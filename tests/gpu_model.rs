@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 mod common;
-use common::{fixtures, gpu_context as context, margins, prompt_ids, read, run};
+use common::{
+    fixtures, gpu_context as context, margins, prompt_ids, read, run, same_bits, tiny_model,
+};
 
 use strata::engine::Backend;
 use strata::gguf::Gguf;
@@ -19,7 +21,7 @@ const TOLERANCE: f32 = 1e-3;
 const MIN_QSA_MARGIN: f32 = 1e-3;
 
 fn load(ctx: &Arc<GpuContext>, ty: &str) -> Arc<GpuBackend> {
-    let path = fixtures().join(format!("tiny-{ty}.gguf"));
+    let path = tiny_model(ty);
     let gguf = Arc::new(Gguf::open(&path).expect("fixture GGUF opens"));
     Arc::new(GpuBackend::load(ctx.clone(), gguf, 1024).expect("model loads on the GPU"))
 }
@@ -67,7 +69,7 @@ fn check_type(ctx: &Arc<GpuContext>, ty: &str, prompts: &[&str]) {
             "{ty} {prompt}: max |diff| {worst} > {TOLERANCE}"
         );
         let again = run(&backend, &ids, ids.len());
-        assert!(bits_equal(&whole, &again), "{ty} {prompt}: two runs differ");
+        assert!(same_bits(&whole, &again), "{ty} {prompt}: two runs differ");
         for chunk in [1, 7, 64] {
             if chunk >= ids.len() {
                 continue;
@@ -81,7 +83,7 @@ fn check_type(ctx: &Arc<GpuContext>, ty: &str, prompts: &[&str]) {
             };
             let chunked = run(&backend, &ids[..n], chunk);
             assert!(
-                bits_equal(&whole[..n * vocab], &chunked),
+                same_bits(&whole[..n * vocab], &chunked),
                 "{ty} {prompt}: chunk {chunk} differs from whole-prompt prefill"
             );
         }
@@ -92,7 +94,7 @@ fn check_type(ctx: &Arc<GpuContext>, ty: &str, prompts: &[&str]) {
         seq.feed(head, false).expect("prefill");
         let tail = seq.feed(&[*last], true).expect("last token");
         assert!(
-            bits_equal(&whole[(ids.len() - 1) * vocab..], &tail),
+            same_bits(&whole[(ids.len() - 1) * vocab..], &tail),
             "{ty} {prompt}: one-chunk prefill then decode differs"
         );
         println!("{ty} {prompt}: bit-identical across 2 runs and chunk sizes 1, 7, 64, whole");
@@ -102,10 +104,6 @@ fn check_type(ctx: &Arc<GpuContext>, ty: &str, prompts: &[&str]) {
 /// F16 holds the F32 weights exactly, so it is checked against the F32 references.
 fn ref_dir(ty: &str) -> &str {
     if ty == "F16" { "F32" } else { ty }
-}
-
-fn bits_equal(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 #[test]
@@ -161,11 +159,11 @@ fn interleaved_sequences_match_sequences_fed_alone() {
         }
     }
     assert!(
-        bits_equal(&got_a, &alone_a),
+        same_bits(&got_a, &alone_a),
         "prompt a differs when interleaved"
     );
     assert!(
-        bits_equal(&got_b, &alone_b),
+        same_bits(&got_b, &alone_b),
         "prompt b differs when interleaved"
     );
 }
@@ -191,13 +189,10 @@ fn fork_continues_bit_identically() {
     let from_fork = fork.feed(&ids[split..], true).expect("fork continues");
     let expected = &whole[split * vocab..];
     assert!(
-        bits_equal(&from_original, expected),
+        same_bits(&from_original, expected),
         "original after fork differs from one run"
     );
-    assert!(
-        bits_equal(&from_fork, expected),
-        "fork differs from one run"
-    );
+    assert!(same_bits(&from_fork, expected), "fork differs from one run");
 }
 
 /// The GPU greedy path (argmax on the GPU, 8 bytes read back) picks the argmax of the logits
@@ -288,7 +283,7 @@ fn stage_check_mode_gives_the_same_bits() {
     let ids = prompt_ids("p64eos");
     let a = run(&checked, &ids, 7);
     let b = run(&normal, &ids, 7);
-    assert!(bits_equal(&a, &b), "stage-checked run differs");
+    assert!(same_bits(&a, &b), "stage-checked run differs");
 }
 
 /// Run the strata binary; it must succeed (else its stderr is the failure). Its stdout.

@@ -8,27 +8,13 @@
 
 mod common;
 
-use common::gpu_context as context;
+use common::{gpu_context as context, random_vec};
 
 use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, SegFusion, Store, View, XForm};
 use strata::gpu::ops;
-
-fn xorshift(s: &mut u64) -> u64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    *s
-}
-
-fn random_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| ((xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-        .collect()
-}
 
 struct Case {
     ty: GgmlType,

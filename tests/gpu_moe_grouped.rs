@@ -7,27 +7,14 @@
 
 mod common;
 
-use common::gpu_context as context;
+use common::gpu::download;
+use common::{bits, gpu_context as context, random_vec, xorshift};
 
 use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, View, XForm};
 use strata::gpu::ops;
-
-fn xorshift(s: &mut u64) -> u64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    *s
-}
-
-fn random_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| ((xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-        .collect()
-}
 
 /// `k` distinct experts per token out of `n_expert`, expert 0 never chosen (an expert with no
 /// work) and expert 1 chosen by every token (more items than a tile).
@@ -48,14 +35,6 @@ fn routing(tokens: usize, k: usize, n_expert: usize, seed: u64) -> Vec<u32> {
         ids.extend(chosen);
     }
     ids
-}
-
-fn download(ctx: &GpuContext, b: &GpuBuf, n: usize) -> Vec<f32> {
-    b.read_f32(ctx, 0, n).expect("download")
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
 }
 
 /// `moe_split_ids` against its CPU twin: each item goes to the hot unit its expert maps to, or

@@ -10,8 +10,7 @@
 
 mod common;
 
-use common::gpu_context as context;
-use std::path::PathBuf;
+use common::{fixtures_root, gpu_context as context, random_vec};
 use std::sync::Arc;
 
 use strata::gguf::types::GgmlType;
@@ -28,29 +27,9 @@ const NEW_TYPES: &[(&str, GgmlType)] = &[
     ("nvfp4", GgmlType::NVFP4),
 ];
 
-fn vectors_dir() -> PathBuf {
-    std::env::var_os("STRATA_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-        .join("tests/fixtures/quant-vectors-newer")
-}
-
 fn read(name: &str) -> Vec<u8> {
-    let path = vectors_dir().join(name);
+    let path = fixtures_root().join("quant-vectors-newer").join(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-/// Deterministic values in [-1, 1) (xorshift).
-fn random_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// Dequantize `blocks` of `ty` on the GPU, one block per row.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 mod common;
 use common::real_widths::build_model;
+use common::same_bits;
 
 use strata::gguf::{GgmlType, Gguf};
 use strata::gpu::GpuContext;
@@ -39,10 +40,6 @@ fn minimum_slots(ctx: &GpuContext, gguf: &Gguf) -> TierArgs {
         experts: ExpertsArg::Mmap,
         ..TierArgs::default()
     }
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 #[test]

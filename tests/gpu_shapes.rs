@@ -19,25 +19,13 @@ mod common;
 
 use common::gpu_context as context;
 use common::gpu_context_limb as limb_context;
+use common::random_vec;
 use std::sync::Arc;
 
 use strata::gguf::types::GgmlType;
 use strata::gpu::GpuContext;
 use strata::gpu::buffers::{GpuBuf, GpuWeight};
 use strata::gpu::kernels::{self, Recorder, View};
-
-/// Deterministic values in [-1, 1) (xorshift).
-fn random_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// Every type the GPU reads, in `GgmlType` order.
 fn gpu_types() -> Vec<GgmlType> {

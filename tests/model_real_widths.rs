@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 mod common;
 use common::real_widths::{VOCAB, build_model};
+use common::same_bits;
 
 use strata::engine::{Backend, Sequence};
 use strata::gguf::{GgmlType, Gguf};
@@ -19,10 +20,6 @@ fn feed_in_chunks(seq: &mut dyn Sequence, tokens: &[u32], chunk: usize) -> Vec<f
         .chunks(chunk)
         .flat_map(|piece| seq.feed(piece, true).expect("feed"))
         .collect()
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 #[test]

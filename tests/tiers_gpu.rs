@@ -15,6 +15,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod common;
+use common::{gpu_context as context, prompt_ids, run as feed_all, tiny_model as fixture};
+
 use strata::engine::{Backend, EngineError};
 use strata::gguf::Gguf;
 use strata::gpu::GpuContext;
@@ -26,47 +29,6 @@ use strata::model::ple::{hash_rows, ngram_context};
 use strata::tiers::{ExpertProfile, ExpertsArg, IoMode, PleTable, TierArgs};
 
 const CONTEXT: usize = 512;
-
-fn repo_root() -> PathBuf {
-    std::env::var_os("STRATA_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-}
-
-fn fixture(ty: &str) -> PathBuf {
-    repo_root().join(format!("tests/fixtures/tiny/tiny-{ty}.gguf"))
-}
-
-fn prompt_ids(name: &str) -> Vec<u32> {
-    let path = repo_root().join("tests/fixtures/tiny/prompts.json");
-    let text = std::fs::read_to_string(path).expect("prompts.json");
-    let all: serde_json::Value = serde_json::from_str(&text).expect("prompts.json parses");
-    all[name]
-        .as_array()
-        .expect("prompt is a list")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn context() -> Option<Arc<GpuContext>> {
-    let adapter = std::env::var("STRATA_ADAPTER")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    match GpuContext::new(adapter) {
-        Ok(ctx) => {
-            println!("adapter: {}", ctx.describe());
-            Some(ctx)
-        }
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set, so a missing GPU adapter is a failure: {e}");
-            }
-            eprintln!("SKIPPED: no usable GPU adapter ({e})");
-            None
-        }
-    }
-}
 
 /// The slot path (`--experts mmap`): experts beyond the budget in VRAM slots fed from the file.
 /// (The default, `auto`, reads them in place from pinned host memory where the adapter can.)
@@ -109,15 +71,6 @@ fn budget_for_slots(ctx: &GpuContext, path: &Path, slots: u64) -> (u64, u64, u64
         plan.total_experts,
         plan.min_expert_slots,
     )
-}
-
-fn feed_all(backend: &Arc<GpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut seq = Arc::clone(backend).new_sequence().expect("sequence");
-    let mut out = Vec::new();
-    for piece in tokens.chunks(chunk) {
-        out.extend(seq.feed(piece, true).expect("feed"));
-    }
-    out
 }
 
 fn bytes(v: &[f32]) -> Vec<u8> {

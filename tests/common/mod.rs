@@ -1,7 +1,9 @@
-//! Helpers shared by the oracle tests (CPU and GPU backends run the same comparison).
+//! Helpers shared by the tests: fixture paths, the GPU adapter, deterministic data, and the oracle
+//! comparison that the CPU and GPU backends both run.
 // Each test binary compiles this module on its own and uses a different subset of it.
 #![allow(dead_code)]
 
+pub mod gpu;
 pub mod real_widths;
 
 use std::path::{Path, PathBuf};
@@ -18,8 +20,19 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// `tests/fixtures`, every fixture set's parent.
+pub fn fixtures_root() -> PathBuf {
+    repo_root().join("tests/fixtures")
+}
+
+/// `tests/fixtures/tiny`: the tiny oracle model, its prompts and references.
 pub fn fixtures() -> PathBuf {
-    repo_root().join("tests/fixtures/tiny")
+    fixtures_root().join("tiny")
+}
+
+/// The shipped tiny model of one type (`F16`, `IQ3_S`, ...): `tests/fixtures/tiny/tiny-{ty}.gguf`.
+pub fn tiny_model(ty: &str) -> PathBuf {
+    fixtures().join(format!("tiny-{ty}.gguf"))
 }
 
 pub fn read(path: &Path) -> NpyArray {
@@ -64,6 +77,32 @@ pub fn margins(path: &Path) -> Vec<f32> {
         .collect()
 }
 
+/// One xorshift64 step (13, 7, 17) of `s`, returning the new state.
+pub fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift), never all zeros.
+pub fn random_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| ((xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        .collect()
+}
+
+/// The bit patterns of `v`, to compare floats exactly (NaN and -0.0 included).
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Whether `a` and `b` hold the same values bit for bit.
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -79,7 +118,7 @@ pub fn open_fixture(ty: &str) -> strata::gguf::Gguf {
     if ty == "Q6_K" {
         return rebuilt_q6_k();
     }
-    let path = fixtures().join(format!("tiny-{ty}.gguf"));
+    let path = tiny_model(ty);
     strata::gguf::Gguf::open(&path)
         .unwrap_or_else(|e| panic!("fixture {} opens: {e}", path.display()))
 }
