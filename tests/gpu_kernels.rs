@@ -719,6 +719,26 @@ fn rmsnorm_rope2_matches_one_set_at_a_time() {
     }
 }
 
+/// The GPU router's (ids, weights) for `tokens` rows of `n_expert` logits choosing `k`.
+fn route(
+    ctx: &GpuContext,
+    logits: &[f32],
+    n_expert: usize,
+    k: usize,
+    tokens: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let lb = upload(ctx, logits);
+    let ids = GpuBuf::zeros(ctx, "ids", tokens * k).expect("ids");
+    let wts = GpuBuf::zeros(ctx, "wts", tokens * k).expect("wts");
+    let mut rec = Recorder::new();
+    gops::moe_router(ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
+    rec.run(ctx).expect("run");
+    (
+        ids.read_u32(ctx, 0, tokens * k).expect("ids"),
+        download(ctx, &wts, tokens * k),
+    )
+}
+
 /// MoE router: softmax over all experts, top-k with the lowest id winning ties, renormalised —
 /// against `model::ops::{softmax, top_k}`; includes rows with exact ties. (1e-6 relative.)
 #[test]
@@ -733,14 +753,7 @@ fn router_matches_cpu_with_ties() {
     for v in &mut logits[2 * n_expert..] {
         *v = 0.25;
     }
-    let lb = upload(&ctx, &logits);
-    let ids = GpuBuf::zeros(&ctx, "ids", tokens * k).expect("ids");
-    let wts = GpuBuf::zeros(&ctx, "wts", tokens * k).expect("wts");
-    let mut rec = Recorder::new();
-    gops::moe_router(&ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
-    rec.run(&ctx).expect("run");
-    let got_ids = ids.read_u32(&ctx, 0, tokens * k).expect("ids");
-    let got_w = download(&ctx, &wts, tokens * k);
+    let (got_ids, got_w) = route(&ctx, &logits, n_expert, k, tokens);
     let mut want_w = Vec::new();
     for t in 0..tokens {
         let mut p = logits[t * n_expert..(t + 1) * n_expert].to_vec();
@@ -863,14 +876,7 @@ fn router_nan_logits_keep_ids_in_range_and_weights_non_finite() {
         let (k, tokens) = (10, 2);
         let mut logits = random_vec(tokens * n_expert, 41);
         logits[n_expert + 77] = f32::NAN;
-        let lb = upload(&ctx, &logits);
-        let ids = GpuBuf::zeros(&ctx, "ids", tokens * k).expect("ids");
-        let wts = GpuBuf::zeros(&ctx, "wts", tokens * k).expect("wts");
-        let mut rec = Recorder::new();
-        gops::moe_router(&ctx, &mut rec, &lb, &ids, &wts, n_expert, k, tokens).expect("router");
-        rec.run(&ctx).expect("run");
-        let got_ids = ids.read_u32(&ctx, 0, tokens * k).expect("ids");
-        let got_w = download(&ctx, &wts, tokens * k);
+        let (got_ids, got_w) = route(&ctx, &logits, n_expert, k, tokens);
         let mut p = logits[..n_expert].to_vec();
         cpu::softmax(&mut p);
         let want: Vec<u32> = cpu::top_k(&p, k).iter().map(|&e| e as u32).collect();
