@@ -221,8 +221,10 @@ fn subgroup_sizes_must_be_powers_of_two_from_4_to_128() {
 /// Rows of fewer 32-value tasks than a subgroup has lanes, in wide tiles (the hyper-connection up
 /// projection's shape: 320 values, 10 tasks). One block of each type (a few for the 32-value ones)
 /// and 21 vectors: the same tolerance, and batched == one vector at a time, bit for bit, at
-/// whatever subgroup size the adapter has (CI: 4, 8, 16). (Two kernels that spread such rows'
-/// vectors over lane groups passed this test and were slower on the H200: docs/bench/README.md.)
+/// whatever subgroup size the adapter has (CI: 4, 8, 16). Rows of at most half a subgroup's tasks
+/// take the packed wide path (several row groups per subgroup, `PACK` in quant/rows_wide.wgsl), so
+/// this is its check against the unpacked decode row body: at subgroup size 8, rows of 32 to 128
+/// values pack 8, 4 and 2 groups (37 rows: a last subgroup with groups past the rows).
 #[test]
 fn short_rows_in_wide_tiles() {
     let Some(ctx) = context() else { return };

@@ -115,13 +115,20 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
     if (IDOT) {
         return rows_wide_idot(row0, row_step, n_rows, nq, lane, sg_size);
     }
+    return reduce_wide(rows_wide_sums(row0, row_step, n_rows, nq, lane, sg_size), nq);
+}
+
+// The lane's sums of rows_wide before the reduction: tasks lane, lane + stride, ... of each row
+// and vector, in order.
+fn rows_wide_sums(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32,
+                  stride: u32) -> Wide {
     var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
     let last = n_rows - 1u;
     let r1 = row0 + min(1u, last) * row_step;
     let r2 = row0 + min(2u, last) * row_step;
     let r3 = row0 + min(3u, last) * row_step;
     let tasks = (p.k / QK) * TASKS_PER_BLOCK;
-    for (var t = lane; t < tasks; t += sg_size) {
+    for (var t = lane; t < tasks; t += stride) {
         let xo = task_x(t);
         // Decoded once each (rows past ROWS are dead code).
         let w0 = task_w(row0 * p.row_bytes, row_d(row0), t);
@@ -139,7 +146,77 @@ fn rows_wide(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32, sg_size:
             acc.q3 = quad_add(acc.q3, w0, w1, w2, w3, XQ3, xo, t);
         }
     }
-    return reduce_wide(acc, nq);
+    return acc;
+}
+
+// ---- Short rows packed (PACK) ----
+// A row of T tasks with 2T <= S leaves lanes T.. of its subgroup idle: rows_wide's lane l < T
+// computes task l alone and the rest hold zeros. With PACK = P > 1 (set by the launcher where
+// P * T <= S), P row groups share a subgroup: group g on lanes gT .. gT + T - 1, lane gT + l
+// computing task l of its rows, the one task canonical lane l computes, with the same arithmetic.
+// Before group g's reduction a shuffle brings its sums to lanes 0 .. T - 1 with zeros above: the
+// values rows_wide's reduction sees, lane by lane, so every (row, vector) keeps its bits.
+override PACK: u32 = 1u;
+
+// Row groups per subgroup: PACK where the row's tasks fit PACK times in this subgroup, else 1.
+fn wide_pack(sg_size: u32) -> u32 {
+    if (PACK > 1u && !LIMB && !IDOT && KSPLIT == 1u && PACK * row_tasks() <= sg_size) {
+        return PACK;
+    }
+    return 1u;
+}
+
+// The lane's group (0 .. pack - 1; pack for lanes past the last group) and its task lane.
+fn pack_group(lane: u32, pack: u32) -> u32 {
+    if (pack == 1u) {
+        return 0u;
+    }
+    return min(lane / row_tasks(), pack);
+}
+
+// The sums of the lane's group (pack_group), from rows row0 + r * row_step: one task per lane.
+// Unpacked (pack 1), rows_wide's reduced sums.
+fn rows_wide_packed(row0: u32, row_step: u32, n_rows: u32, nq: u32, lane: u32,
+                    sg_size: u32, pack: u32) -> Wide {
+    if (pack == 1u) {
+        return rows_wide(row0, row_step, n_rows, nq, lane, sg_size);
+    }
+    let t = row_tasks();
+    let g = pack_group(lane, pack);
+    // Lanes past the last group start past the last task: no work, zero sums.
+    let first = select(t, lane - g * t, g < pack);
+    return rows_wide_sums(row0, row_step, n_rows, nq, first, sg_size);
+}
+
+fn pack_quad(q: Quad, src: u32, keep: bool) -> Quad {
+    let z = vec4<f32>(0.0);
+    return Quad(select(z, subgroupShuffle(q.v0, src), keep),
+                select(z, subgroupShuffle(q.v1, src), keep),
+                select(z, subgroupShuffle(q.v2, src), keep),
+                select(z, subgroupShuffle(q.v3, src), keep));
+}
+
+// Group g's sums reduced over the subgroup, as rows_wide reduces a lone group's (called by every
+// lane: it shuffles). Unpacked, the sums are already reduced.
+fn wide_group(acc: Wide, g: u32, nq: u32, lane: u32, sg_size: u32, pack: u32) -> Wide {
+    if (pack == 1u) {
+        return acc;
+    }
+    let t = row_tasks();
+    let keep = lane < t;
+    let src = min(g * t + lane, sg_size - 1u);
+    var a = acc;
+    a.q0 = pack_quad(acc.q0, src, keep);
+    if (QUADS > 1u && nq > 1u) {
+        a.q1 = pack_quad(acc.q1, src, keep);
+    }
+    if (QUADS > 2u && nq > 2u) {
+        a.q2 = pack_quad(acc.q2, src, keep);
+    }
+    if (QUADS > 3u && nq > 3u) {
+        a.q3 = pack_quad(acc.q3, src, keep);
+    }
+    return reduce_wide(a, nq);
 }
 
 // The tile's sums reduced over the subgroup: reduce_quad of each of the first `nq` quads.
@@ -311,15 +388,31 @@ fn wide_split_sum(acc: Wide, sg_id: u32, lane: u32) -> Wide {
     return r;
 }
 
-// This subgroup's part of row group `grp` over the whole tile (zeros when it has no rows), summed
-// over the K split, as matvec.wgsl's dense_rows.
-fn wide_dense_rows(grp: Group, sg_id: u32, lane: u32, sg_size: u32) -> Wide {
-    var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
-    if (grp.live) {
-        let q = sg_id % KSPLIT;
-        acc = rows_wide(grp.row0, 1u, grp.n_rows, QUADS, q * sg_size + lane, KSPLIT * sg_size);
+// The dense wide entries' row groups: at step g0, this subgroup runs groups base .. base + pack
+// (base = g0 + (sg_id / KSPLIT) * pack; pack > 1 only for short rows, wide_pack), the lane its own
+// group's tasks: its part of the group's rows over the whole tile (zeros when it has no rows),
+// reduced unless packed.
+fn wide_dense_sums(wg_x: u32, base: u32, sg_id: u32, lane: u32, sg_size: u32,
+                   pack: u32) -> Wide {
+    let grp = group_at(wg_x, base + pack_group(lane, pack));
+    if (!grp.live) {
+        return Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
     }
-    return wide_split_sum(acc, sg_id, lane);
+    if (pack > 1u) {
+        return rows_wide_packed(grp.row0, 1u, grp.n_rows, QUADS, lane, sg_size, pack);
+    }
+    let q = sg_id % KSPLIT;
+    return rows_wide(grp.row0, 1u, grp.n_rows, QUADS, q * sg_size + lane, KSPLIT * sg_size);
+}
+
+// Group j (of base .. base + pack) over the whole row: reduced from the packed sums, or summed over
+// the K split, as matvec.wgsl's dense_rows. Called by every invocation of the workgroup once per
+// group step (it holds barriers and shuffles).
+fn wide_dense_group(sums: Wide, j: u32, sg_id: u32, lane: u32, sg_size: u32, pack: u32) -> Wide {
+    if (pack > 1u) {
+        return wide_group(sums, j, QUADS, lane, sg_size, pack);
+    }
+    return wide_split_sum(sums, sg_id, lane);
 }
 
 // Dense tiles: workgroup (row groups, tile of ITEMS vectors x_stride apart, all present).
@@ -351,18 +444,23 @@ fn matvec_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
-        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
-        if (!grp.live || sg_id % KSPLIT != 0u) {
-            continue;
-        }
-        // Lane v stores vectors v, v + S, ... of every row of the group.
-        for (var v = lane; v < ITEMS; v += sg_size) {
-            let at = (first_item + v) * p.y_stride + p.y_offset + grp.row0;
-            for (var j = 0u; j < ROWS; j++) {
-                if (j < grp.n_rows) {
-                    Y[at + j] = wide_value(acc, j, v);
+    let pack = wide_pack(sg_size);
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
+        let base = g0 + (sg_id / KSPLIT) * pack;
+        let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
+        for (var gj = 0u; gj < pack; gj++) {
+            let grp = group_at(wg.x, base + gj);
+            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            if (!grp.live || sg_id % KSPLIT != 0u) {
+                continue;
+            }
+            // Lane v stores vectors v, v + S, ... of every row of the group.
+            for (var v = lane; v < ITEMS; v += sg_size) {
+                let at = (first_item + v) * p.y_stride + p.y_offset + grp.row0;
+                for (var j = 0u; j < ROWS; j++) {
+                    if (j < grp.n_rows) {
+                        Y[at + j] = wide_value(acc, j, v);
+                    }
                 }
             }
         }
@@ -382,16 +480,21 @@ fn matvec_seg_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
-        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
-        if (!grp.live || sg_id % KSPLIT != 0u) {
-            continue;
-        }
-        for (var v = lane; v < ITEMS; v += sg_size) {
-            for (var j = 0u; j < ROWS; j++) {
-                if (j < grp.n_rows) {
-                    wide_seg_put(first_item + v, grp.row0 + j, wide_value(acc, j, v));
+    let pack = wide_pack(sg_size);
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
+        let base = g0 + (sg_id / KSPLIT) * pack;
+        let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
+        for (var gj = 0u; gj < pack; gj++) {
+            let grp = group_at(wg.x, base + gj);
+            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            if (!grp.live || sg_id % KSPLIT != 0u) {
+                continue;
+            }
+            for (var v = lane; v < ITEMS; v += sg_size) {
+                for (var j = 0u; j < ROWS; j++) {
+                    if (j < grp.n_rows) {
+                        wide_seg_put(first_item + v, grp.row0 + j, wide_value(acc, j, v));
+                    }
                 }
             }
         }
@@ -475,22 +578,38 @@ fn matvec_mix_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    for (var r = sg_id; r < p.rows_per_wg; r += n_sg) {
-        let i = wg.x * p.rows_per_wg + r;
-        if (i >= p.h) {
-            break;
-        }
-        let acc = rows_wide(i, p.h, p.hc, QUADS, lane, sg_size);
-        let wide = p.h * p.hc;
-        for (var v = lane; v < ITEMS; v += sg_size) {
-            let item = first_item + v;
-            let gates = wide_vector(acc, v);
-            var mix = 0.0;
-            for (var s = 0u; s < p.hc; s++) {
-                mix += sigmoid(comp(gates, s)) * AUX[item * wide + s * p.h + i];
+    // Values r0 + sg_id * pack + g, one row group each (short rows packed: wide_pack).
+    let pack = wide_pack(sg_size);
+    let first_i = wg.x * p.rows_per_wg;
+    let end_i = min(first_i + p.rows_per_wg, p.h);
+    for (var r0 = sg_id * pack; first_i + r0 < end_i; r0 += n_sg * pack) {
+        // The lane's own group's value (clamped: a group past the end computes, never stores).
+        let own = min(first_i + r0 + pack_group(lane, pack), end_i - 1u);
+        let sums = rows_wide_packed(own, p.h, p.hc, QUADS, lane, sg_size, pack);
+        for (var g = 0u; g < pack; g++) {
+            let i = first_i + r0 + g;
+            // Uniform: every lane reduces group g, then stores it if it exists.
+            let acc = wide_group(sums, g, QUADS, lane, sg_size, pack);
+            if (i >= end_i) {
+                break;
             }
-            Y[item * p.y_stride + p.y_offset + i] = mix * (1.0 / f32(p.hc));
+            mix_store(acc, first_item, i, lane, sg_size);
         }
+    }
+}
+
+// Value i's gates of the tile's vectors mixed into the output as matvec_mix does (lane v: vectors
+// v, v + S, ...).
+fn mix_store(acc: Wide, first_item: u32, i: u32, lane: u32, sg_size: u32) {
+    let wide = p.h * p.hc;
+    for (var v = lane; v < ITEMS; v += sg_size) {
+        let item = first_item + v;
+        let gates = wide_vector(acc, v);
+        var mix = 0.0;
+        for (var s = 0u; s < p.hc; s++) {
+            mix += sigmoid(comp(gates, s)) * AUX[item * wide + s * p.h + i];
+        }
+        Y[item * p.y_stride + p.y_offset + i] = mix * (1.0 / f32(p.hc));
     }
 }
 
@@ -509,25 +628,30 @@ fn matvec_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
-        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
-        if (!grp.live || sg_id % KSPLIT != 0u) {
-            continue;
-        }
-        // Lane q adds the (vector, stream, row) triples q, q + S, ...: each add reads and writes
-        // Y, so the lanes take them side by side rather than each a vector's chain of them.
-        let wide = p.h * p.hc;
-        let per_item = p.hc * ROWS;
-        for (var q = lane; q < ITEMS * per_item; q += sg_size) {
-            let v = q / per_item;
-            let s = (q % per_item) / ROWS;
-            let j = q % ROWS;
-            if (j < grp.n_rows) {
-                let item = first_item + v;
-                let alpha = 2.0 * sigmoid(AUX[item * p.hc + s] * (1.0 / f32(p.hc)));
-                let at = item * wide + s * p.h + p.row_base + grp.row0 + j;
-                Y[at] += alpha * wide_value(acc, j, v);
+    let pack = wide_pack(sg_size);
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
+        let base = g0 + (sg_id / KSPLIT) * pack;
+        let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
+        for (var gj = 0u; gj < pack; gj++) {
+            let grp = group_at(wg.x, base + gj);
+            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            if (!grp.live || sg_id % KSPLIT != 0u) {
+                continue;
+            }
+            // Lane q adds the (vector, stream, row) triples q, q + S, ...: each add reads and writes
+            // Y, so the lanes take them side by side rather than each a vector's chain of them.
+            let wide = p.h * p.hc;
+            let per_item = p.hc * ROWS;
+            for (var q = lane; q < ITEMS * per_item; q += sg_size) {
+                let v = q / per_item;
+                let s = (q % per_item) / ROWS;
+                let j = q % ROWS;
+                if (j < grp.n_rows) {
+                    let item = first_item + v;
+                    let alpha = 2.0 * sigmoid(AUX[item * p.hc + s] * (1.0 / f32(p.hc)));
+                    let at = item * wide + s * p.h + p.row_base + grp.row0 + j;
+                    Y[at] += alpha * wide_value(acc, j, v);
+                }
             }
         }
     }
@@ -548,29 +672,34 @@ fn matvec_moe_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += n_sg / KSPLIT) {
-        let grp = group_at(wg.x, g0 + sg_id / KSPLIT);
-        let acc = wide_dense_rows(grp, sg_id, lane, sg_size);
-        if (!grp.live || sg_id % KSPLIT != 0u) {
-            continue;
-        }
-        let wide = p.h * p.hc;
-        for (var q = lane; q < ROWS * ITEMS; q += sg_size) {
-            let j = q / ITEMS;
-            let v = q % ITEMS;
-            if (j < grp.n_rows) {
-                let tok = first_item + v;
-                let gate = 1.0 / (1.0 + exp(-SGATE[tok]));
-                let i = p.row_base + grp.row0 + j;
-                var m = 0.0;
-                for (var slot = 0u; slot < p.slots; slot++) {
-                    let item = tok * p.slots + slot;
-                    m += RWTS[item] * ROUTED[item * p.h + i];
-                }
-                m += gate * wide_value(acc, j, v);
-                for (var s = 0u; s < p.hc; s++) {
-                    let alpha = 2.0 * (1.0 / (1.0 + exp(-(AUX[tok * p.hc + s] * (1.0 / f32(p.hc))))));
-                    Y[tok * wide + s * p.h + i] += alpha * m;
+    let pack = wide_pack(sg_size);
+    for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
+        let base = g0 + (sg_id / KSPLIT) * pack;
+        let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
+        for (var gj = 0u; gj < pack; gj++) {
+            let grp = group_at(wg.x, base + gj);
+            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            if (!grp.live || sg_id % KSPLIT != 0u) {
+                continue;
+            }
+            let wide = p.h * p.hc;
+            for (var q = lane; q < ROWS * ITEMS; q += sg_size) {
+                let j = q / ITEMS;
+                let v = q % ITEMS;
+                if (j < grp.n_rows) {
+                    let tok = first_item + v;
+                    let gate = 1.0 / (1.0 + exp(-SGATE[tok]));
+                    let i = p.row_base + grp.row0 + j;
+                    var m = 0.0;
+                    for (var slot = 0u; slot < p.slots; slot++) {
+                        let item = tok * p.slots + slot;
+                        m += RWTS[item] * ROUTED[item * p.h + i];
+                    }
+                    m += gate * wide_value(acc, j, v);
+                    for (var s = 0u; s < p.hc; s++) {
+                        let alpha = 2.0 * (1.0 / (1.0 + exp(-(AUX[tok * p.hc + s] * (1.0 / f32(p.hc))))));
+                        Y[tok * wide + s * p.h + i] += alpha * m;
+                    }
                 }
             }
         }

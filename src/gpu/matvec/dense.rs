@@ -7,7 +7,8 @@ use super::keys::{any_length, fused_key, key, shader_name, wide_entry};
 use super::norm::{norm_apart, norm_store};
 use super::store::Dispatch;
 use super::tuning::{
-    SMALL_WIDE, TILE, k_split, small_wide, subgroup_size, wg_size, wide_items, wide_ok, xperm,
+    SMALL_WIDE, TILE, k_split, small_wide, subgroup_size, wg_size, wide_items, wide_ok, wide_pack,
+    xperm,
 };
 use super::{
     GpuBuf, GpuContext, GpuError, GpuWeight, MatvecParams, PipelineKey, Recorder, SegFusion, Store,
@@ -187,7 +188,8 @@ impl<'a> Plan<'a> {
         } else {
             k_split(ctx, self.w)
         };
-        let per_wg = (wg_size() / self.sg / split).max(1) * idot::staged_groups(self.local);
+        let pack = self.pack(ctx, is_wide, split);
+        let per_wg = (wg_size() / self.sg / split).max(1) * idot::staged_groups(self.local) * pack;
         d.params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
         let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
         d.params.item0 = to_u32(item0, "first item")?;
@@ -196,7 +198,10 @@ impl<'a> Plan<'a> {
             digits.apply(&mut d.params);
             d.b.push((19, &*digits.buf.buffer));
         }
-        let pipeline = self.pipeline(entry, per_sg, tile, d.params.x_mode, d.y0_mode);
+        let mut pipeline = self.pipeline(entry, per_sg, tile, d.params.x_mode, d.y0_mode);
+        if pack > 1 {
+            pipeline = pipeline.constant("PACK", pack as f64);
+        }
         rec.push(
             ctx,
             &pipeline
@@ -206,6 +211,15 @@ impl<'a> Plan<'a> {
             bytemuck::bytes_of(&d.params),
             [gx, gy, gz],
         )
+    }
+
+    /// Row groups per subgroup of a dispatch (wide tiles of short rows in the default arithmetic:
+    /// [`wide_pack`]; else 1).
+    fn pack(&self, ctx: &GpuContext, is_wide: bool, split: usize) -> usize {
+        if !is_wide || self.digits.is_some() {
+            return 1;
+        }
+        wide_pack(ctx, self.w.row_len / 32, split, self.sg)
     }
 
     /// The pipeline of a dispatch over `tile`-vector tiles whose store chose `entry` with `per_sg`

@@ -40,6 +40,23 @@ pub(super) fn xperm() -> bool {
     *XPERM.get_or_init(|| std::env::var("STRATA_XPERM").map_or(true, |v| v != "0"))
 }
 
+/// Row groups that share a subgroup in a wide tile (quant/rows_wide.wgsl's PACK): rows of `tasks`
+/// 32-value tasks leave lanes `tasks..` of a subgroup idle when a lane takes whole tasks, so
+/// `sg / tasks` groups share it where at least two fit (the Q8_0 HC up's 320-value rows: 3 on
+/// 32-wide subgroups). Only without a K split, in the default arithmetic; `STRATA_PACK=0` turns it
+/// off, for comparison. Every (row, vector) keeps its bits either way.
+pub(super) fn wide_pack(ctx: &GpuContext, tasks: usize, split: usize, sg: usize) -> usize {
+    static PACK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *PACK.get_or_init(|| std::env::var("STRATA_PACK").map_or(true, |v| v != "0"));
+    if !on || split != 1 || tasks == 0 || ctx.pipelines.limb() {
+        return 1;
+    }
+    match sg / tasks {
+        p if p >= 2 => p,
+        _ => 1,
+    }
+}
+
 /// Rows per subgroup of the wide tiles (`STRATA_WIDE_ROWS`, 1 to 4, for tuning; default 4).
 fn wide_rows() -> usize {
     static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
