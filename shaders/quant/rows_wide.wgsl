@@ -530,6 +530,10 @@ fn matvec_group_wide(@builtin(workgroup_id) wg: vec3<u32>,
     let count = IDS[expert];
     let list = p.group_base + expert * p.group_cap;
     let first_row = local_expert * p.rows;
+    if (wide_rounds(sg_size)) {
+        group_wide_rounds(wg.x, first_row, count, list, sg_id, n_sg, lane, sg_size);
+        return;
+    }
     for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
         let row = wg.x * p.rows_per_wg * ROWS + r;
         if (row >= p.rows) {
@@ -552,6 +556,129 @@ fn matvec_group_wide(@builtin(workgroup_id) wg: vec3<u32>,
                         Y[item * p.y_stride + p.y_offset + row + jr] = wide_value(acc, jr, v);
                     }
                 }
+            }
+        }
+    }
+}
+
+// ---- Rows of more than half and at most two thirds of a subgroup's tasks (ROUNDS) ----
+// A row of T tasks, S/2 < T <= 2S/3 (the expert down's 640-value rows: 20 tasks on 32 lanes),
+// leaves S - T lanes idle when a lane takes whole tasks. Three row groups a, b, c take two rounds
+// instead of three (3T of 2S slots): in round 0 lane l < T computes task l of a and lane T + l
+// task l of b; in round 1 lane l < 2T - S computes task S - T + l of b and lane 2T - S + l task l
+// of c. Each lane computes one task of one group per round, with rows_wide's arithmetic; before a
+// group's reduction its task l's sums are brought to lane l (b's first S - T through workgroup
+// memory, the rest by shuffles) with zeros on lanes T.., the values rows_wide's reduction sees
+// lane by lane, so every (row, vector) keeps decode's bits. Set by the launcher where the device
+// has subgroup barriers; the default arithmetic only.
+override ROUNDS: bool = false;
+
+// Round 0's sums of group b, lane T + l's at slot sg_id * S / 2 + l (S - T < S / 2 a subgroup).
+var<workgroup> STASH: array<Wide, WG / 2u>;
+
+fn wide_rounds(sg_size: u32) -> bool {
+    let t = row_tasks();
+    return ROUNDS && !LIMB && !IDOT && 2u * t > sg_size && 3u * t <= 2u * sg_size;
+}
+
+// One task (`task`; none past the row's tasks) of the group at `row` (rows past the end repeat
+// the last row group of the workgroup: computed, never stored) against the tile.
+fn round_sums(first_row: u32, row: u32, last_start: u32, nq: u32, task: u32,
+              sg_size: u32) -> Wide {
+    let r = min(row, last_start);
+    return rows_wide_sums(first_row + r, 1u, min(ROWS, p.rows - r), nq, task, sg_size);
+}
+
+fn keep_wide(a: Wide, keep: bool) -> Wide {
+    let z = zero_quad();
+    return Wide(select_quad(z, a.q0, keep), select_quad(z, a.q1, keep), select_quad(z, a.q2, keep),
+                select_quad(z, a.q3, keep));
+}
+
+fn select_quad(f: Quad, t: Quad, c: bool) -> Quad {
+    return Quad(select(f.v0, t.v0, c), select(f.v1, t.v1, c), select(f.v2, t.v2, c),
+                select(f.v3, t.v3, c));
+}
+
+fn shuffle_wide(a: Wide, src: u32) -> Wide {
+    return Wide(shuffle_quad(a.q0, src), shuffle_quad(a.q1, src), shuffle_quad(a.q2, src),
+                shuffle_quad(a.q3, src));
+}
+
+fn shuffle_quad(q: Quad, src: u32) -> Quad {
+    return Quad(subgroupShuffle(q.v0, src), subgroupShuffle(q.v1, src),
+                subgroupShuffle(q.v2, src), subgroupShuffle(q.v3, src));
+}
+
+// matvec_group_wide in rounds: each subgroup takes row groups three at a time.
+fn group_wide_rounds(wg_x: u32, first_row: u32, count: u32, list: u32, sg_id: u32, n_sg: u32,
+                     lane: u32, sg_size: u32) {
+    let t = row_tasks();
+    let spill = sg_size - t;
+    let wg_first = wg_x * p.rows_per_wg * ROWS;
+    let wg_end = min(wg_first + p.rows_per_wg * ROWS, p.rows);
+    if (wg_first >= wg_end) {
+        return;
+    }
+    let last_start = wg_first + ((wg_end - 1u - wg_first) / ROWS) * ROWS;
+    let slot = sg_id * (sg_size / 2u);
+    for (var r = sg_id * 3u * ROWS; wg_first + r < wg_end; r += n_sg * 3u * ROWS) {
+        let row_a = wg_first + r;
+        let row_b = row_a + ROWS;
+        let row_c = row_b + ROWS;
+        for (var j = 0u; j < count; j += ITEMS) {
+            let nq = min(QUADS, (count - j + 3u) / 4u);
+            let last = list + count - 1u;
+            let at = list + j;
+            XQ0 = group_quad(at, last);
+            XQ1 = group_quad(at + 4u, last);
+            XQ2 = group_quad(at + 8u, last);
+            XQ3 = group_quad(at + 12u, last);
+            // Round 0: a on lanes 0..T, b's first tasks on lanes T..S.
+            let in_a = lane < t;
+            let acc0 = round_sums(first_row, select(row_b, row_a, in_a), last_start, nq,
+                                  select(lane - t, lane, in_a), sg_size);
+            // The stash is free: every lane of the subgroup has read the last tile's.
+            subgroupBarrier();
+            if (!in_a) {
+                STASH[slot + lane - t] = acc0;
+            }
+            group_store(reduce_wide(keep_wide(acc0, in_a), nq), row_a, j, count, at, lane, sg_size);
+            // Round 1: b's last tasks on lanes 0..2T-S, c on lanes 2T-S..3T-S.
+            let in_b = lane < t - spill;
+            let in_c = !in_b && lane < 2u * t - spill;
+            let task1 = select(select(t, lane - (t - spill), in_c), spill + lane, in_b);
+            let acc1 = round_sums(first_row, select(row_c, row_b, in_b), last_start, nq, task1,
+                                  sg_size);
+            subgroupBarrier();
+            // b: tasks 0..S-T from the stash, S-T..T from round 1's lanes 0..2T-S.
+            let stashed = STASH[slot + min(lane, spill - 1u)];
+            let from1 = shuffle_wide(acc1, select(0u, lane - spill, lane >= spill));
+            var b = keep_wide(from1, lane >= spill && lane < t);
+            if (lane < spill) {
+                b = stashed;
+            }
+            if (row_b < wg_end) {
+                group_store(reduce_wide(b, nq), row_b, j, count, at, lane, sg_size);
+            }
+            // c: task l from round 1's lane 2T - S + l.
+            let c = keep_wide(shuffle_wide(acc1, min(lane + t - spill, sg_size - 1u)), lane < t);
+            if (row_c < wg_end) {
+                group_store(reduce_wide(c, nq), row_c, j, count, at, lane, sg_size);
+            }
+        }
+    }
+}
+
+// A row group's reduced sums over the tile of items from list position `at` (item j of the
+// expert's `count`), stored as matvec_group_wide stores them.
+fn group_store(acc: Wide, row: u32, j: u32, count: u32, at: u32, lane: u32, sg_size: u32) {
+    let n_rows = min(ROWS, p.rows - row);
+    for (var v = lane; v < ITEMS && j + v < count; v += sg_size) {
+        let item = IDS[at + v];
+        for (var jr = 0u; jr < ROWS; jr++) {
+            if (jr < n_rows) {
+                Y[item * p.y_stride + p.y_offset + row + jr] = wide_value(acc, jr, v);
             }
         }
     }

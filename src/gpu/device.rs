@@ -260,7 +260,8 @@ impl GpuContext {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+            | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS
+            | wgpu::Features::SUBGROUP_BARRIER;
         let coop = limb && coop_capable(adapter, &summary);
         let features = (available & wanted)
             | if coop {
@@ -319,6 +320,11 @@ impl GpuContext {
         self.limits
             .max_storage_buffer_binding_size
             .min(self.limits.max_buffer_size)
+    }
+
+    /// Whether kernels may use `subgroupBarrier` (the wide tiles' rounds for short rows do).
+    pub fn has_subgroup_barrier(&self) -> bool {
+        self.features.contains(wgpu::Features::SUBGROUP_BARRIER)
     }
 
     /// Whether storage buffers may live in host memory (`MAP_READ | STORAGE`, which wgpu places

@@ -6,7 +6,7 @@ use super::dense::permuted_x;
 use super::keys::{fused_key, key};
 use super::tuning::{
     TILE, glu_pairs, glu_rows_per_wg, rows_per_subgroup, subgroup_size, tile_rows, wg_size,
-    wide_items, wide_ok, xperm,
+    wide_items, wide_ok, wide_rounds, xperm,
 };
 use super::{
     GpuBuf, GpuContext, GpuError, GpuWeight, MatvecParams, Recorder, View, WeightPart, XForm,
@@ -308,7 +308,9 @@ pub fn matvec_group(
     let wide = wide_ok(w, x, xform);
     let tile = if wide { wide_items() } else { TILE };
     let per_sg = tile_rows(w, w.rows_per_unit, tile);
-    let per_wg = (wg_size() / sg).max(1);
+    let rounds = wide && digits.is_none() && wide_rounds(ctx, w.row_len / 32, sg);
+    // In rounds each subgroup takes row groups three at a time.
+    let per_wg = (wg_size() / sg).max(1) * if rounds { 3 } else { 1 };
     let grid = ctx.grid_buffer(w.ty)?;
     let task_order = if wide && xperm() && digits.is_none() {
         Some(permuted_x(ctx, rec, w, x, x_count)?)
@@ -344,6 +346,7 @@ pub fn matvec_group(
         } else if wide {
             fused_key("matvec_wide", w, "matvec_group_wide", per_sg, tile, 0)
                 .constant("XPERM", f64::from(u8::from(task_order.is_some())))
+                .constant("ROUNDS", f64::from(u8::from(rounds)))
         } else {
             key(
                 w,

@@ -57,6 +57,20 @@ pub(super) fn wide_pack(ctx: &GpuContext, tasks: usize, split: usize, sg: usize)
     }
 }
 
+/// Whether the grouped expert wide tiles run rows of `tasks` 32-value tasks in rounds
+/// (quant/rows_wide.wgsl's ROUNDS: three row groups in two rounds where a row's tasks fill more than
+/// half and at most two thirds of a subgroup, the expert down's 640-value rows on 32 lanes), in the
+/// default arithmetic on devices with subgroup barriers; `STRATA_ROUNDS=0` turns it off, for
+/// comparison. Every (row, vector) keeps its bits either way.
+pub(super) fn wide_rounds(ctx: &GpuContext, tasks: usize, sg: usize) -> bool {
+    static ROUNDS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ROUNDS.get_or_init(|| std::env::var("STRATA_ROUNDS").map_or(true, |v| v != "0"));
+    on && ctx.has_subgroup_barrier()
+        && !ctx.pipelines.limb()
+        && 2 * tasks > sg
+        && 3 * tasks <= 2 * sg
+}
+
 /// Rows per subgroup of the wide tiles (`STRATA_WIDE_ROWS`, 1 to 4, for tuning; default 4).
 fn wide_rows() -> usize {
     static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
