@@ -318,6 +318,19 @@ fn grouped_short_rows_in_rounds_equal_per_item_bits() {
     }
 }
 
+/// Rows of q S + S/2 tasks, q >= 1, in pairs (PAIRS in quant/rows_wide.wgsl; the real expert
+/// gate|up's 2,560 values on 32 lanes): 192 values at subgroup size 4, 384 at 8, 768 at 16. 13
+/// rows: pairs of groups of 4 and 4, then 4 and 1.
+#[test]
+fn grouped_rows_in_pairs_equal_per_item_bits() {
+    let Some(ctx) = context() else { return };
+    for ty in [GgmlType::IQ4_NL, GgmlType::Q8_0] {
+        for cols in [192, 384, 768] {
+            check_case(&ctx, &Case { ty, cols }, 13);
+        }
+    }
+}
+
 /// Decode's gate|up kernel with the SwiGLU in its store (`matvec_expert_glu`) against the plain
 /// per-item kernel followed by prefill's in-place SwiGLU (`prepare_x`): the same bits at rows
 /// `0..half` of every item, for split, block and float layouts, experts over several parts, with

@@ -246,6 +246,29 @@ fn short_rows_in_wide_tiles() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Rows of q S + S/2 tasks (q >= 1) run in pairs in wide tiles (`PAIRS` in quant/rows_wide.wgsl:
+/// the 2,560-value rows on 32 lanes): 192 and 320 values at subgroup size 4, 384 and 640 at 8, 768
+/// and 1,280 at 16 (CI runs all three). 13 rows make row groups of 4, 4, 4 and 1, so one pair is
+/// whole, one has a short second group and subgroups past the rows compute without storing; 21
+/// vectors, a wide tile and a tile of 4 and 1. The same tolerance, and batched == one vector at a
+/// time, bit for bit.
+#[test]
+fn rows_in_pairs_in_wide_tiles() {
+    let Some(ctx) = context() else { return };
+    let mut failures = Vec::new();
+    for ty in [GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q6_K] {
+        for row_len in [192usize, 320, 384, 640, 768, 1280] {
+            if !row_len.is_multiple_of(ty.block_size()) {
+                continue;
+            }
+            if let Err(e) = check_shape(&ctx, ty, 13, row_len, 21) {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Every GPU type in the limb arithmetic (the split layouts take it; the others keep theirs): few
 /// whole blocks, wide tiles of 17 and 21 vectors, and rows long enough that today's arithmetic would
 /// split them over subgroups. The same tolerance, and batched == one vector at a time.

@@ -395,7 +395,7 @@ fn wide_split_sum(acc: Wide, sg_id: u32, lane: u32) -> Wide {
 fn wide_dense_sums(wg_x: u32, base: u32, sg_id: u32, lane: u32, sg_size: u32,
                    pack: u32) -> Wide {
     let grp = group_at(wg_x, base + pack_group(lane, pack));
-    if (!grp.live) {
+    if (!grp.live || wide_pairs(sg_size)) {
         return Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
     }
     if (pack > 1u) {
@@ -408,7 +408,18 @@ fn wide_dense_sums(wg_x: u32, base: u32, sg_id: u32, lane: u32, sg_size: u32,
 // Group j (of base .. base + pack) over the whole row: reduced from the packed sums, or summed over
 // the K split, as matvec.wgsl's dense_rows. Called by every invocation of the workgroup once per
 // group step (it holds barriers and shuffles).
-fn wide_dense_group(sums: Wide, j: u32, sg_id: u32, lane: u32, sg_size: u32, pack: u32) -> Wide {
+fn wide_dense_group(sums: Wide, wg_x: u32, base: u32, j: u32, sg_id: u32, lane: u32,
+                    sg_size: u32, pack: u32) -> Wide {
+    if (wide_pairs(sg_size)) {
+        let a = live_or_first(group_at(wg_x, base));
+        let b = live_or_first(group_at(wg_x, base + 1u));
+        let slot = sg_id * (sg_size / 2u);
+        if (j == 0u) {
+            return reduce_wide(pair_first(a.row0, a.n_rows, b.row0, b.n_rows, QUADS, lane,
+                                          sg_size, slot), QUADS);
+        }
+        return reduce_wide(pair_second(b.row0, b.n_rows, QUADS, lane, sg_size, slot), QUADS);
+    }
     if (pack > 1u) {
         return wide_group(sums, j, QUADS, lane, sg_size, pack);
     }
@@ -444,13 +455,13 @@ fn matvec_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    let pack = wide_pack(sg_size);
+    let pack = dense_step(sg_size);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
         let base = g0 + (sg_id / KSPLIT) * pack;
         let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
         for (var gj = 0u; gj < pack; gj++) {
             let grp = group_at(wg.x, base + gj);
-            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            let acc = wide_dense_group(sums, wg.x, base, gj, sg_id, lane, sg_size, pack);
             if (!grp.live || sg_id % KSPLIT != 0u) {
                 continue;
             }
@@ -480,13 +491,13 @@ fn matvec_seg_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    let pack = wide_pack(sg_size);
+    let pack = dense_step(sg_size);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
         let base = g0 + (sg_id / KSPLIT) * pack;
         let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
         for (var gj = 0u; gj < pack; gj++) {
             let grp = group_at(wg.x, base + gj);
-            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            let acc = wide_dense_group(sums, wg.x, base, gj, sg_id, lane, sg_size, pack);
             if (!grp.live || sg_id % KSPLIT != 0u) {
                 continue;
             }
@@ -534,6 +545,10 @@ fn matvec_group_wide(@builtin(workgroup_id) wg: vec3<u32>,
         group_wide_rounds(wg.x, first_row, count, list, sg_id, n_sg, lane, sg_size);
         return;
     }
+    if (wide_pairs(sg_size)) {
+        group_wide_pairs(wg.x, first_row, count, list, sg_id, n_sg, lane, sg_size);
+        return;
+    }
     for (var r = sg_id * ROWS; r < p.rows_per_wg * ROWS; r += n_sg * ROWS) {
         let row = wg.x * p.rows_per_wg * ROWS + r;
         if (row >= p.rows) {
@@ -561,6 +576,126 @@ fn matvec_group_wide(@builtin(workgroup_id) wg: vec3<u32>,
     }
 }
 
+// ---- Rows of q S + S/2 tasks in pairs (PAIRS) ----
+// A row of T = q S + S/2 tasks (q >= 1: the 2,560-value rows, 80 tasks on 32 lanes) takes q + 1
+// rounds of a subgroup with half the lanes idle in the last. Two row groups a, b take 2q + 1
+// rounds instead of 2q + 2: a's rounds as rows_wide's, except that lanes S/2.. of its last round
+// compute b's tasks 0 .. S/2 (stashed in workgroup memory); b's task S/2 + r S + l is computed on
+// lane l of round q + 1 + r and shuffled to lane (l + S/2) % S, the lane whose sum takes it in the
+// decode order. Every lane adds its tasks' values in the decode order, so the reduction sees the
+// same values lane by lane and every (row, vector) keeps decode's bits. Set by the launcher where
+// the device has subgroup barriers; the default arithmetic, no K split.
+override PAIRS: bool = false;
+
+fn wide_pairs(sg_size: u32) -> bool {
+    let t = row_tasks();
+    return PAIRS && !LIMB && !IDOT && KSPLIT == 1u && WG <= STASH_WG && t > sg_size
+        && t % sg_size == sg_size / 2u;
+}
+
+// Row groups a dense wide entry's subgroup takes per step: 2 in pairs, else wide_pack's.
+fn dense_step(sg_size: u32) -> u32 {
+    if (wide_pairs(sg_size)) {
+        return 2u;
+    }
+    return wide_pack(sg_size);
+}
+
+// `g` if it has rows, else the first row group (computed, never stored).
+fn live_or_first(g: Group) -> Group {
+    if (g.live) {
+        return g;
+    }
+    return Group(0u, 1u, false);
+}
+
+// One task's values of rows row0 .. row0 + n_rows (the last repeated up to ROWS) against the
+// tile's first nq quads (zeros past them), as rows_wide_sums computes them.
+fn task_wide(row0: u32, n_rows: u32, nq: u32, t: u32) -> Wide {
+    let last = n_rows - 1u;
+    let r1 = row0 + min(1u, last);
+    let r2 = row0 + min(2u, last);
+    let r3 = row0 + min(3u, last);
+    let xo = task_x(t);
+    let w0 = task_w(row0 * p.row_bytes, row_d(row0), t);
+    let w1 = task_w(r1 * p.row_bytes, row_d(r1), t);
+    let w2 = task_w(r2 * p.row_bytes, row_d(r2), t);
+    let w3 = task_w(r3 * p.row_bytes, row_d(r3), t);
+    let z = zero_quad();
+    var v = Wide(quad_add(z, w0, w1, w2, w3, XQ0, xo, t), z, z, z);
+    if (QUADS > 1u && nq > 1u) {
+        v.q1 = quad_add(z, w0, w1, w2, w3, XQ1, xo, t);
+    }
+    if (QUADS > 2u && nq > 2u) {
+        v.q2 = quad_add(z, w0, w1, w2, w3, XQ2, xo, t);
+    }
+    if (QUADS > 3u && nq > 3u) {
+        v.q3 = quad_add(z, w0, w1, w2, w3, XQ3, xo, t);
+    }
+    return v;
+}
+
+fn quad_plus(a: Quad, b: Quad) -> Quad {
+    return Quad(a.v0 + b.v0, a.v1 + b.v1, a.v2 + b.v2, a.v3 + b.v3);
+}
+
+// a + b over the first nq quads (a's others unchanged).
+fn wide_plus(a: Wide, b: Wide, nq: u32) -> Wide {
+    var r = a;
+    r.q0 = quad_plus(a.q0, b.q0);
+    if (QUADS > 1u && nq > 1u) {
+        r.q1 = quad_plus(a.q1, b.q1);
+    }
+    if (QUADS > 2u && nq > 2u) {
+        r.q2 = quad_plus(a.q2, b.q2);
+    }
+    if (QUADS > 3u && nq > 3u) {
+        r.q3 = quad_plus(a.q3, b.q3);
+    }
+    return r;
+}
+
+// Group a's sums (lane l: its tasks l, l + S, ... in order, unreduced), its last round shared
+// with b's first S/2 tasks, which lanes S/2.. stash at `slot` (sg_id * S / 2).
+fn pair_first(a0: u32, a_rows: u32, b0: u32, b_rows: u32, nq: u32, lane: u32, sg_size: u32,
+              slot: u32) -> Wide {
+    let half = sg_size / 2u;
+    let q = row_tasks() / sg_size;
+    var acc = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
+    for (var r = 0u; r < q; r++) {
+        acc = wide_plus(acc, task_wide(a0, a_rows, nq, r * sg_size + lane), nq);
+    }
+    let in_a = lane < half;
+    let v = task_wide(select(b0, a0, in_a), select(b_rows, a_rows, in_a), nq,
+                      select(lane - half, q * sg_size + lane, in_a));
+    // The stash is free: every lane has read the last pair's.
+    subgroupBarrier();
+    if (in_a) {
+        acc = wide_plus(acc, v, nq);
+    } else {
+        STASH[slot + lane - half] = v;
+    }
+    return acc;
+}
+
+// Group b's sums after pair_first (lane l: its tasks l, l + S, ... in order, unreduced).
+fn pair_second(b0: u32, b_rows: u32, nq: u32, lane: u32, sg_size: u32, slot: u32) -> Wide {
+    let half = sg_size / 2u;
+    let q = row_tasks() / sg_size;
+    subgroupBarrier();
+    let z = Wide(zero_quad(), zero_quad(), zero_quad(), zero_quad());
+    var acc = z;
+    if (lane < half) {
+        acc = wide_plus(z, STASH[slot + lane], nq);
+    }
+    let src = (lane + half) % sg_size;
+    for (var r = 0u; r < q; r++) {
+        let v = task_wide(b0, b_rows, nq, half + r * sg_size + lane);
+        acc = wide_plus(acc, shuffle_wide(v, src), nq);
+    }
+    return acc;
+}
+
 // ---- Rows of more than half and at most two thirds of a subgroup's tasks (ROUNDS) ----
 // A row of T tasks, S/2 < T <= 2S/3 (the expert down's 640-value rows: 20 tasks on 32 lanes),
 // leaves S - T lanes idle when a lane takes whole tasks. Three row groups a, b, c take two rounds
@@ -573,12 +708,16 @@ fn matvec_group_wide(@builtin(workgroup_id) wg: vec3<u32>,
 // has subgroup barriers; the default arithmetic only.
 override ROUNDS: bool = false;
 
-// Round 0's sums of group b, lane T + l's at slot sg_id * S / 2 + l (S - T < S / 2 a subgroup).
-var<workgroup> STASH: array<Wide, WG / 2u>;
+// Round 0's sums of group b (ROUNDS: lane T + l's at slot sg_id * S / 2 + l, S - T < S / 2 a
+// subgroup; PAIRS: lane S/2 + l's): half a slot per invocation of workgroups of up to STASH_WG
+// invocations (a fixed size: naga 30 cannot size this array by an override expression here).
+const STASH_WG: u32 = 128u;
+var<workgroup> STASH: array<Wide, STASH_WG / 2u>;
 
 fn wide_rounds(sg_size: u32) -> bool {
     let t = row_tasks();
-    return ROUNDS && !LIMB && !IDOT && 2u * t > sg_size && 3u * t <= 2u * sg_size;
+    return ROUNDS && !LIMB && !IDOT && WG <= STASH_WG && 2u * t > sg_size
+        && 3u * t <= 2u * sg_size;
 }
 
 // One task (`task`; none past the row's tasks) of the group at `row` (rows past the end repeat
@@ -670,6 +809,38 @@ fn group_wide_rounds(wg_x: u32, first_row: u32, count: u32, list: u32, sg_id: u3
     }
 }
 
+// matvec_group_wide in pairs (PAIRS): each subgroup takes row groups two at a time.
+fn group_wide_pairs(wg_x: u32, first_row: u32, count: u32, list: u32, sg_id: u32, n_sg: u32,
+                    lane: u32, sg_size: u32) {
+    let wg_first = wg_x * p.rows_per_wg * ROWS;
+    let wg_end = min(wg_first + p.rows_per_wg * ROWS, p.rows);
+    let slot = sg_id * (sg_size / 2u);
+    for (var r = sg_id * 2u * ROWS; wg_first + r < wg_end; r += n_sg * 2u * ROWS) {
+        let row_a = wg_first + r;
+        // b past this workgroup's rows: a's rows again (computed, never stored).
+        let b_live = row_a + ROWS < wg_end;
+        let row_b = select(row_a, row_a + ROWS, b_live);
+        let n_a = min(ROWS, p.rows - row_a);
+        let n_b = min(ROWS, p.rows - row_b);
+        for (var j = 0u; j < count; j += ITEMS) {
+            let nq = min(QUADS, (count - j + 3u) / 4u);
+            let last = list + count - 1u;
+            let at = list + j;
+            XQ0 = group_quad(at, last);
+            XQ1 = group_quad(at + 4u, last);
+            XQ2 = group_quad(at + 8u, last);
+            XQ3 = group_quad(at + 12u, last);
+            let a = pair_first(first_row + row_a, n_a, first_row + row_b, n_b, nq, lane, sg_size,
+                               slot);
+            group_store(reduce_wide(a, nq), row_a, j, count, at, lane, sg_size);
+            let b = pair_second(first_row + row_b, n_b, nq, lane, sg_size, slot);
+            if (b_live) {
+                group_store(reduce_wide(b, nq), row_b, j, count, at, lane, sg_size);
+            }
+        }
+    }
+}
+
 // A row group's reduced sums over the tile of items from list position `at` (item j of the
 // expert's `count`), stored as matvec_group_wide stores them.
 fn group_store(acc: Wide, row: u32, j: u32, count: u32, at: u32, lane: u32, sg_size: u32) {
@@ -755,13 +926,13 @@ fn matvec_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    let pack = wide_pack(sg_size);
+    let pack = dense_step(sg_size);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
         let base = g0 + (sg_id / KSPLIT) * pack;
         let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
         for (var gj = 0u; gj < pack; gj++) {
             let grp = group_at(wg.x, base + gj);
-            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            let acc = wide_dense_group(sums, wg.x, base, gj, sg_id, lane, sg_size, pack);
             if (!grp.live || sg_id % KSPLIT != 0u) {
                 continue;
             }
@@ -799,13 +970,13 @@ fn matvec_moe_combine_wide(@builtin(workgroup_id) wg: vec3<u32>,
     if (first_item == 0xffffffffu) {
         return;
     }
-    let pack = wide_pack(sg_size);
+    let pack = dense_step(sg_size);
     for (var g0 = 0u; g0 < p.rows_per_wg; g0 += (n_sg / KSPLIT) * pack) {
         let base = g0 + (sg_id / KSPLIT) * pack;
         let sums = wide_dense_sums(wg.x, base, sg_id, lane, sg_size, pack);
         for (var gj = 0u; gj < pack; gj++) {
             let grp = group_at(wg.x, base + gj);
-            let acc = wide_dense_group(sums, gj, sg_id, lane, sg_size, pack);
+            let acc = wide_dense_group(sums, wg.x, base, gj, sg_id, lane, sg_size, pack);
             if (!grp.live || sg_id % KSPLIT != 0u) {
                 continue;
             }

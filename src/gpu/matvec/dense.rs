@@ -8,7 +8,7 @@ use super::norm::{norm_apart, norm_store};
 use super::store::Dispatch;
 use super::tuning::{
     SMALL_WIDE, TILE, k_split, small_wide, subgroup_size, wg_size, wide_items, wide_ok, wide_pack,
-    xperm,
+    wide_pairs, xperm,
 };
 use super::{
     GpuBuf, GpuContext, GpuError, GpuWeight, MatvecParams, PipelineKey, Recorder, SegFusion, Store,
@@ -188,7 +188,12 @@ impl<'a> Plan<'a> {
         } else {
             k_split(ctx, self.w)
         };
-        let pack = self.pack(ctx, is_wide, split);
+        // Row groups a subgroup takes per step: packed short rows, or two in pairs.
+        let pack = if self.pairs(ctx, is_wide, split) {
+            2
+        } else {
+            self.pack(ctx, is_wide, split)
+        };
         let per_wg = (wg_size() / self.sg / split).max(1) * idot::staged_groups(self.local) * pack;
         d.params.rows_per_wg = to_u32(per_wg, "row groups per workgroup")?;
         let gx = to_u32(groups.div_ceil(per_wg), "grid x")?;
@@ -201,6 +206,9 @@ impl<'a> Plan<'a> {
         let mut pipeline = self.pipeline(entry, per_sg, tile, d.params.x_mode, d.y0_mode);
         if pack > 1 {
             pipeline = pipeline.constant("PACK", pack as f64);
+        }
+        if self.pairs(ctx, is_wide, split) {
+            pipeline = pipeline.constant("PAIRS", 1.0);
         }
         rec.push(
             ctx,
@@ -220,6 +228,11 @@ impl<'a> Plan<'a> {
             return 1;
         }
         wide_pack(ctx, self.w.row_len / 32, split, self.sg)
+    }
+
+    /// Whether a dispatch's wide tiles run their rows in pairs ([`wide_pairs`]).
+    fn pairs(&self, ctx: &GpuContext, is_wide: bool, split: usize) -> bool {
+        is_wide && self.digits.is_none() && wide_pairs(ctx, self.w.row_len / 32, split, self.sg)
     }
 
     /// The pipeline of a dispatch over `tile`-vector tiles whose store chose `entry` with `per_sg`

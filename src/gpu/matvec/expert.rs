@@ -6,7 +6,7 @@ use super::dense::permuted_x;
 use super::keys::{fused_key, key};
 use super::tuning::{
     TILE, glu_pairs, glu_rows_per_wg, rows_per_subgroup, subgroup_size, tile_rows, wg_size,
-    wide_items, wide_ok, wide_rounds, xperm,
+    wide_items, wide_ok, wide_pairs, wide_rounds, xperm,
 };
 use super::{
     GpuBuf, GpuContext, GpuError, GpuWeight, MatvecParams, Recorder, View, WeightPart, XForm,
@@ -309,8 +309,16 @@ pub fn matvec_group(
     let tile = if wide { wide_items() } else { TILE };
     let per_sg = tile_rows(w, w.rows_per_unit, tile);
     let rounds = wide && digits.is_none() && wide_rounds(ctx, w.row_len / 32, sg);
-    // In rounds each subgroup takes row groups three at a time.
-    let per_wg = (wg_size() / sg).max(1) * if rounds { 3 } else { 1 };
+    let pairs = wide && digits.is_none() && wide_pairs(ctx, w.row_len / 32, 1, sg);
+    // In rounds each subgroup takes row groups three at a time, in pairs two.
+    let per_wg = (wg_size() / sg).max(1)
+        * if rounds {
+            3
+        } else if pairs {
+            2
+        } else {
+            1
+        };
     let grid = ctx.grid_buffer(w.ty)?;
     let task_order = if wide && xperm() && digits.is_none() {
         Some(permuted_x(ctx, rec, w, x, x_count)?)
@@ -347,6 +355,7 @@ pub fn matvec_group(
             fused_key("matvec_wide", w, "matvec_group_wide", per_sg, tile, 0)
                 .constant("XPERM", f64::from(u8::from(task_order.is_some())))
                 .constant("ROUNDS", f64::from(u8::from(rounds)))
+                .constant("PAIRS", f64::from(u8::from(pairs)))
         } else {
             key(
                 w,

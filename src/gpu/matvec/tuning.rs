@@ -57,6 +57,9 @@ pub(super) fn wide_pack(ctx: &GpuContext, tasks: usize, split: usize, sg: usize)
     }
 }
 
+/// The largest workgroup whose rounds and pairs fit quant/rows_wide.wgsl's stash.
+const STASH_WG: usize = 128;
+
 /// Whether the grouped expert wide tiles run rows of `tasks` 32-value tasks in rounds
 /// (quant/rows_wide.wgsl's ROUNDS: three row groups in two rounds where a row's tasks fill more than
 /// half and at most two thirds of a subgroup, the expert down's 640-value rows on 32 lanes), in the
@@ -67,8 +70,26 @@ pub(super) fn wide_rounds(ctx: &GpuContext, tasks: usize, sg: usize) -> bool {
     let on = *ROUNDS.get_or_init(|| std::env::var("STRATA_ROUNDS").map_or(true, |v| v != "0"));
     on && ctx.has_subgroup_barrier()
         && !ctx.pipelines.limb()
+        && wg_size() <= STASH_WG
         && 2 * tasks > sg
         && 3 * tasks <= 2 * sg
+}
+
+/// Whether wide tiles run rows of `tasks` 32-value tasks in pairs (quant/rows_wide.wgsl's PAIRS:
+/// two row groups in 2q + 1 rounds instead of 2q + 2 where a row has q S + S/2 tasks, q >= 1, the
+/// 2,560-value rows on 32 lanes), without a K split, in the default arithmetic, on devices with
+/// subgroup barriers; `STRATA_PAIRS=0` turns it off, for comparison. Every (row, vector) keeps its
+/// bits either way.
+pub(super) fn wide_pairs(ctx: &GpuContext, tasks: usize, split: usize, sg: usize) -> bool {
+    static PAIRS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *PAIRS.get_or_init(|| std::env::var("STRATA_PAIRS").map_or(true, |v| v != "0"));
+    on && split == 1
+        && wg_size() <= STASH_WG
+        && ctx.has_subgroup_barrier()
+        && !ctx.pipelines.limb()
+        && sg >= 2
+        && tasks > sg
+        && tasks % sg == sg / 2
 }
 
 /// Rows per subgroup of the wide tiles (`STRATA_WIDE_ROWS`, 1 to 4, for tuning; default 4).
