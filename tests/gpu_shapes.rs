@@ -247,8 +247,9 @@ fn short_rows_in_wide_tiles() {
 }
 
 /// Rows of q S + S/2 tasks (q >= 1) run in pairs in wide tiles (`PAIRS` in quant/rows_wide.wgsl:
-/// the 2,560-value rows on 32 lanes): 192 and 320 values at subgroup size 4, 384 and 640 at 8, 768
-/// and 1,280 at 16 (CI runs all three). 13 rows make row groups of 4, 4, 4 and 1, so one pair is
+/// the 2,560-value rows on 32 lanes) for Q8_0, IQ4_NL and IQ3_S: 192 and 320 values at subgroup
+/// size 4, 384 and 640 at 8, 768 and 1,280 at 16 (CI runs all three; IQ3_S's 256-value blocks only
+/// at 16). Q6_K keeps the plain tiles (it gave other bits in pairs at 16) and is checked alike. 13 rows make row groups of 4, 4, 4 and 1, so one pair is
 /// whole, one has a short second group and subgroups past the rows compute without storing; 21
 /// vectors, a wide tile and a tile of 4 and 1. The same tolerance, and batched == one vector at a
 /// time, bit for bit.
@@ -256,7 +257,12 @@ fn short_rows_in_wide_tiles() {
 fn rows_in_pairs_in_wide_tiles() {
     let Some(ctx) = context() else { return };
     let mut failures = Vec::new();
-    for ty in [GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ3_S,
+        GgmlType::Q6_K,
+    ] {
         for row_len in [192usize, 320, 384, 640, 768, 1280] {
             if !row_len.is_multiple_of(ty.block_size()) {
                 continue;

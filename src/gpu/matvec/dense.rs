@@ -232,7 +232,9 @@ impl<'a> Plan<'a> {
 
     /// Whether a dispatch's wide tiles run their rows in pairs ([`wide_pairs`]).
     fn pairs(&self, ctx: &GpuContext, is_wide: bool, split: usize) -> bool {
-        is_wide && self.digits.is_none() && wide_pairs(ctx, self.w.row_len / 32, split, self.sg)
+        is_wide
+            && self.digits.is_none()
+            && wide_pairs(ctx, self.w.ty, self.w.row_len / 32, split, self.sg)
     }
 
     /// The pipeline of a dispatch over `tile`-vector tiles whose store chose `entry` with `per_sg`

@@ -309,7 +309,7 @@ pub fn matvec_group(
     let tile = if wide { wide_items() } else { TILE };
     let per_sg = tile_rows(w, w.rows_per_unit, tile);
     let rounds = wide && digits.is_none() && wide_rounds(ctx, w.row_len / 32, sg);
-    let pairs = wide && digits.is_none() && wide_pairs(ctx, w.row_len / 32, 1, sg);
+    let pairs = wide && digits.is_none() && wide_pairs(ctx, w.ty, w.row_len / 32, 1, sg);
     // In rounds each subgroup takes row groups three at a time, in pairs two.
     let per_wg = (wg_size() / sg).max(1)
         * if rounds {
