@@ -10,6 +10,7 @@
 #      prefill kernel table shows each schedule's kernel (matvec_mix_wide, matvec_group_wide IQ4_NL,
 #      matvec_seg_wide, matvec_group_wide IQ3_S);
 #   4. `bench --synthetic matvec` for F32, Q8_0, Q6_K, IQ4_NL, IQ3_S (chained and `indep us`).
+# QUICK=1 runs 1, 2 and 4 only.
 # Writes under $OUT.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
@@ -39,6 +40,12 @@ for sets in "" "$OFF"; do
 done | tee -a "$OUT/determinism.txt"
 rm -f /tmp/s4.gguf
 date
+# QUICK=1: the bits and the mat-vec table only (no 48-layer file).
+if [[ "${QUICK:-0}" == 1 ]]; then
+    "$S" bench --synthetic matvec --quant F32,Q8_0,Q6_K,IQ4_NL,IQ3_S --json "$OUT/matvec.json" 2>&1 \
+        >/dev/null | tee "$OUT/matvec.txt"
+    exit 0
+fi
 STAGES="model" PREFILL=512 DECODE=64 bash scripts/h200_bench.sh 2>&1 | tail -45
 VARIANTS="off:$OFF" bash scripts/h200_variants.sh 2>&1 | tail -30
 date
