@@ -556,22 +556,10 @@ fn matvec_group_wide(@builtin(workgroup_id) wg: vec3<u32>,
         }
         let n_rows = min(ROWS, p.rows - row);
         for (var j = 0u; j < count; j += ITEMS) {
-            let nq = min(QUADS, (count - j + 3u) / 4u);
-            let last = list + count - 1u;
             let at = list + j;
-            XQ0 = group_quad(at, last);
-            XQ1 = group_quad(at + 4u, last);
-            XQ2 = group_quad(at + 8u, last);
-            XQ3 = group_quad(at + 12u, last);
+            let nq = group_tile(list, count, j);
             let acc = rows_wide(first_row + row, 1u, n_rows, nq, lane, sg_size);
-            for (var v = lane; v < ITEMS && j + v < count; v += sg_size) {
-                let item = IDS[at + v];
-                for (var jr = 0u; jr < ROWS; jr++) {
-                    if (jr < n_rows) {
-                        Y[item * p.y_stride + p.y_offset + row + jr] = wide_value(acc, jr, v);
-                    }
-                }
-            }
+            group_store(acc, row, j, count, at, lane, sg_size);
         }
     }
 }
@@ -766,13 +754,8 @@ fn group_wide_rounds(wg_x: u32, first_row: u32, count: u32, list: u32, sg_id: u3
         let row_b = row_a + ROWS;
         let row_c = row_b + ROWS;
         for (var j = 0u; j < count; j += ITEMS) {
-            let nq = min(QUADS, (count - j + 3u) / 4u);
-            let last = list + count - 1u;
             let at = list + j;
-            XQ0 = group_quad(at, last);
-            XQ1 = group_quad(at + 4u, last);
-            XQ2 = group_quad(at + 8u, last);
-            XQ3 = group_quad(at + 12u, last);
+            let nq = group_tile(list, count, j);
             // Round 0: a on lanes 0..T, b's first tasks on lanes T..S.
             let in_a = lane < t;
             let acc0 = round_sums(first_row, select(row_b, row_a, in_a), last_start, nq,
@@ -823,13 +806,8 @@ fn group_wide_pairs(wg_x: u32, first_row: u32, count: u32, list: u32, sg_id: u32
         let n_a = min(ROWS, p.rows - row_a);
         let n_b = min(ROWS, p.rows - row_b);
         for (var j = 0u; j < count; j += ITEMS) {
-            let nq = min(QUADS, (count - j + 3u) / 4u);
-            let last = list + count - 1u;
             let at = list + j;
-            XQ0 = group_quad(at, last);
-            XQ1 = group_quad(at + 4u, last);
-            XQ2 = group_quad(at + 8u, last);
-            XQ3 = group_quad(at + 12u, last);
+            let nq = group_tile(list, count, j);
             let a = pair_first(first_row + row_a, n_a, first_row + row_b, n_b, nq, lane, sg_size,
                                slot);
             group_store(reduce_wide(a, nq), row_a, j, count, at, lane, sg_size);
@@ -853,6 +831,18 @@ fn group_store(acc: Wide, row: u32, j: u32, count: u32, at: u32, lane: u32, sg_s
             }
         }
     }
+}
+
+// Sets the x offsets of the tile of an expert's items j .. j + ITEMS (listed from IDS[list]; the
+// last tile padded with its last item) and returns its quads present.
+fn group_tile(list: u32, count: u32, j: u32) -> u32 {
+    let last = list + count - 1u;
+    let at = list + j;
+    XQ0 = group_quad(at, last);
+    XQ1 = group_quad(at + 4u, last);
+    XQ2 = group_quad(at + 8u, last);
+    XQ3 = group_quad(at + 12u, last);
+    return min(QUADS, (count - j + 3u) / 4u);
 }
 
 // The x offsets of the 4 items listed from IDS[at] (past `last`, the last one again).
