@@ -324,6 +324,8 @@ fn grouped_short_rows_in_rounds_equal_per_item_bits() {
 #[test]
 fn grouped_rows_in_pairs_equal_per_item_bits() {
     let Some(ctx) = context() else { return };
+    // Pairs are opt-in; on for this process (every other test's bits are the same either way).
+    kernels::set_wide_pairs(true);
     for ty in [GgmlType::IQ4_NL, GgmlType::Q8_0] {
         for cols in [192, 384, 768] {
             check_case(&ctx, &Case { ty, cols }, 13);

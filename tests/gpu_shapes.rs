@@ -34,6 +34,23 @@ fn gpu_types() -> Vec<GgmlType> {
         .collect()
 }
 
+/// How many outputs of `got` differ from `want` in their bits, and the first few as (vector, row,
+/// got, want, difference in ulps): a few ulps is rounding, more a misplaced value.
+fn bit_differences(got: &[f32], want: &[f32], rows: usize) -> String {
+    let differ: Vec<String> = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .filter(|(_, (a, b))| a.to_bits() != b.to_bits())
+        .map(|(k, (a, b))| {
+            let ulps = i64::from(a.to_bits()) - i64::from(b.to_bits());
+            format!("(v{} r{} {a} {b} ulp {ulps})", k / rows, k % rows)
+        })
+        .collect();
+    let first: Vec<&str> = differ.iter().take(12).map(String::as_str).collect();
+    format!("{} differ: {}", differ.len(), first.join(" "))
+}
+
 /// Runs one mat-vec of `rows` x `row_len` random weights of `ty` against `items` vectors; returns
 /// a description of what went wrong, if anything.
 fn check_shape(
@@ -99,7 +116,8 @@ fn check_shape(
         .any(|(a, b)| a.to_bits() != b.to_bits())
     {
         return Err(format!(
-            "{what}: batched result differs from one vector at a time"
+            "{what}: batched result differs from one vector at a time: {}",
+            bit_differences(&got, &got_single, rows)
         ));
     }
     for i in 0..items {
@@ -256,6 +274,8 @@ fn short_rows_in_wide_tiles() {
 #[test]
 fn rows_in_pairs_in_wide_tiles() {
     let Some(ctx) = context() else { return };
+    // Pairs are opt-in; on for this process (every other test's bits are the same either way).
+    kernels::set_wide_pairs(true);
     let mut failures = Vec::new();
     for ty in [
         GgmlType::Q8_0,

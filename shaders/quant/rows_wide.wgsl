@@ -699,7 +699,10 @@ override ROUNDS: bool = false;
 // Round 0's sums of group b (ROUNDS: lane T + l's at slot sg_id * S / 2 + l, S - T < S / 2 a
 // subgroup; PAIRS: lane S/2 + l's): half a slot per invocation of workgroups of up to STASH_WG
 // invocations (a fixed size: naga 30 cannot size this array by an override expression here).
-const STASH_WG: u32 = 128u;
+// Only the `matvec_wide_stash` assembly (the pipelines that set ROUNDS or PAIRS) holds 128; the
+// others keep one slot, so that their tiles do not give up 16 KiB of workgroup memory (and the L1
+// cache it is carved from) to a stash they never use; wide_rounds and wide_pairs are false there.
+const STASH_WG: u32 = 2u;
 var<workgroup> STASH: array<Wide, STASH_WG / 2u>;
 
 fn wide_rounds(sg_size: u32) -> bool {

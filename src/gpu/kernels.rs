@@ -319,5 +319,5 @@ pub use super::matvec::{
     ConvStore, ExpertCombine, InputNorm, SegFusion, Store, XForm, can_expert_combine,
     can_moe_combine, can_norm_input, get_rows, matvec, matvec_expert, matvec_expert_combine,
     matvec_expert_glu, matvec_expert_glu_pairs, matvec_expert_with, matvec_group, matvec_with,
-    prepare_x,
+    prepare_x, set_wide_pairs,
 };

@@ -193,6 +193,20 @@ fn fusion_sources(op: &str, split: bool) -> String {
     s
 }
 
+const STASH_NONE: &str = "const STASH_WG: u32 = 2u;";
+const STASH_FULL: &str = "const STASH_WG: u32 = 128u;";
+
+/// The wide tiles' assembly with the stash that ROUNDS and PAIRS use (workgroups of up to 128).
+fn with_stash(source: String) -> Result<String, GpuError> {
+    if !source.contains(STASH_NONE) {
+        return Err(GpuError::Shader {
+            shader: "matvec_wide_stash".into(),
+            message: "quant/rows_wide.wgsl no longer declares the stash this assembly sizes".into(),
+        });
+    }
+    Ok(source.replace(STASH_NONE, STASH_FULL))
+}
+
 /// Assemble shader `name`: either an op (`norm`) or a quantized op (`matvec:Q4_K`).
 pub fn assemble(name: &str) -> Result<String, GpuError> {
     let unknown = || GpuError::Shader {
@@ -209,6 +223,11 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             // Decode's workgroup-staged digits: the same assembly without the XQ binding.
             let (op, staged) = match op.strip_suffix("_local") {
                 Some(base) if base.ends_with("_idot") => (base, true),
+                _ => (op, false),
+            };
+            // The wide tiles with their rounds' and pairs' stash (quant/rows_wide.wgsl).
+            let (op, stash) = match op {
+                "matvec_wide_stash" => ("matvec_wide", true),
                 _ => (op, false),
             };
             let body = op_source(op).ok_or_else(unknown)?;
@@ -288,6 +307,7 @@ pub fn assemble(name: &str) -> Result<String, GpuError> {
             } else {
                 source
             };
+            let source = if stash { with_stash(source)? } else { source };
             Ok(if staged {
                 source.replace(XQ_BINDING, XQ_UNBOUND)
             } else {

@@ -203,11 +203,12 @@ impl<'a> Plan<'a> {
             digits.apply(&mut d.params);
             d.b.push((19, &*digits.buf.buffer));
         }
-        let mut pipeline = self.pipeline(entry, per_sg, tile, d.params.x_mode, d.y0_mode);
+        let pairs = self.pairs(ctx, is_wide, split);
+        let mut pipeline = self.pipeline(entry, per_sg, tile, d.params.x_mode, d.y0_mode, pairs);
         if pack > 1 {
             pipeline = pipeline.constant("PACK", pack as f64);
         }
-        if self.pairs(ctx, is_wide, split) {
+        if pairs {
             pipeline = pipeline.constant("PAIRS", 1.0);
         }
         rec.push(
@@ -248,13 +249,19 @@ impl<'a> Plan<'a> {
         tile: usize,
         x_mode: u32,
         y0_mode: u32,
+        pairs: bool,
     ) -> PipelineKey {
         let w = self.w;
         let is_wide = tile > TILE;
         if is_wide && self.digits.is_some() {
             idot::key_of("matvec_wide_idot", w, wide_entry(entry), per_sg, tile)
         } else if is_wide {
-            fused_key("matvec_wide", w, wide_entry(entry), per_sg, tile, 0)
+            let op = if pairs {
+                "matvec_wide_stash"
+            } else {
+                "matvec_wide"
+            };
+            fused_key(op, w, wide_entry(entry), per_sg, tile, 0)
                 .constant("XPERM", f64::from(u8::from(self.task_order.is_some())))
         } else if self.digits.is_some() || self.local.is_some() {
             let op = if x_mode == 3 {

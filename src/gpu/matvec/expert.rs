@@ -352,7 +352,12 @@ pub fn matvec_group(
         } else if digits.is_some() {
             idot::key(w, "matvec_group", per_sg, TILE)
         } else if wide {
-            fused_key("matvec_wide", w, "matvec_group_wide", per_sg, tile, 0)
+            let op = if rounds || pairs {
+                "matvec_wide_stash"
+            } else {
+                "matvec_wide"
+            };
+            fused_key(op, w, "matvec_group_wide", per_sg, tile, 0)
                 .constant("XPERM", f64::from(u8::from(task_order.is_some())))
                 .constant("ROUNDS", f64::from(u8::from(rounds)))
                 .constant("PAIRS", f64::from(u8::from(pairs)))

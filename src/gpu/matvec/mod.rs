@@ -33,6 +33,7 @@ pub use expert_combine::{ExpertCombine, can_expert_combine, matvec_expert_combin
 pub use norm::can_norm_input;
 pub use rows::get_rows;
 pub use store::can_moe_combine;
+pub use tuning::set_wide_pairs;
 
 // What coop.rs and idot.rs take from here besides the shared items below.
 use expert::expert_params;

@@ -58,7 +58,8 @@ pub(super) fn wide_pack(ctx: &GpuContext, tasks: usize, split: usize, sg: usize)
     }
 }
 
-/// The largest workgroup whose rounds and pairs fit quant/rows_wide.wgsl's stash.
+/// The largest workgroup whose rounds and pairs fit the stash of the `matvec_wide_stash` assembly
+/// (quant/rows_wide.wgsl; the plain `matvec_wide` one holds none).
 const STASH_WG: usize = 128;
 
 /// Whether the grouped expert wide tiles run rows of `tasks` 32-value tasks in rounds
@@ -76,13 +77,35 @@ pub(super) fn wide_rounds(ctx: &GpuContext, tasks: usize, sg: usize) -> bool {
         && 3 * tasks <= 2 * sg
 }
 
+/// Pairs for this process: 0 = as `STRATA_PAIRS` says (off unless it is 1), 1 = off, 2 = on.
+static PAIRS_SET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Turns the wide tiles' pairs on or off for this process, whatever `STRATA_PAIRS` says: the tests
+/// that check their bits turn them on. Every (row, vector) keeps its bits either way.
+pub fn set_wide_pairs(on: bool) {
+    PAIRS_SET.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn pairs_on() -> bool {
+    static PAIRS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match PAIRS_SET.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => *PAIRS.get_or_init(|| std::env::var("STRATA_PAIRS").is_ok_and(|v| v == "1")),
+    }
+}
+
 /// Whether wide tiles run rows of `tasks` 32-value tasks in pairs (quant/rows_wide.wgsl's PAIRS:
 /// two row groups in 2q + 1 rounds instead of 2q + 2 where a row has q S + S/2 tasks, q >= 1, the
 /// 2,560-value rows on 32 lanes), without a K split, in the default arithmetic, on devices with
-/// subgroup barriers; `STRATA_PAIRS=0` turns it off, for comparison. Every (row, vector) keeps its
-/// bits either way, for the types whose task has one scale and that the tests check at each
-/// subgroup size: Q8_0, IQ4_NL and IQ3_S. (Q6_K, two scales a task, gave other bits than a decode
-/// step on lavapipe at subgroup size 16, at 768 and 1,280 values: not understood yet, so not taken.)
+/// subgroup barriers. Off unless `STRATA_PAIRS=1` or [`set_wide_pairs`]: on an H100 the IQ3_S
+/// expert gate|up took 277 ms per 512-token chunk in pairs against ~215 on the plain tiles, in a
+/// tree where every wide entry also carried the stash (docs/bench/short-rows-ab-h100.txt); they
+/// stay opt-in until measured again. Every (row, vector) keeps its bits either way, for the types
+/// whose task has one scale and that the tests check at each subgroup size: Q8_0, IQ4_NL and
+/// IQ3_S. (Q6_K, two scales a task, gave other bits than a decode step on lavapipe at subgroup
+/// size 16, at 768 and 1,280 values: a few ulps in a sixth of the outputs, so rounding, not a
+/// misplaced task; the compiler's handling of its two-scale sum is the suspect. Not taken.)
 pub(super) fn wide_pairs(
     ctx: &GpuContext,
     ty: GgmlType,
@@ -90,8 +113,7 @@ pub(super) fn wide_pairs(
     split: usize,
     sg: usize,
 ) -> bool {
-    static PAIRS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *PAIRS.get_or_init(|| std::env::var("STRATA_PAIRS").map_or(true, |v| v != "0"));
+    let on = pairs_on();
     on && matches!(ty, GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ3_S)
         && split == 1
         && wg_size() <= STASH_WG
