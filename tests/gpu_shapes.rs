@@ -19,7 +19,7 @@ mod common;
 
 use common::gpu_context as context;
 use common::gpu_context_limb as limb_context;
-use common::random_vec;
+use common::{random_vec, same_bits};
 use std::sync::Arc;
 
 use strata::gguf::types::GgmlType;
@@ -110,11 +110,7 @@ fn check_shape(
     let got = batched
         .read_f32(ctx, 0, items * rows)
         .map_err(|e| format!("{what}: {e}"))?;
-    if got
-        .iter()
-        .zip(&got_single)
-        .any(|(a, b)| a.to_bits() != b.to_bits())
-    {
+    if !same_bits(&got, &got_single) {
         return Err(format!(
             "{what}: batched result differs from one vector at a time: {}",
             bit_differences(&got, &got_single, rows)

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::keys::{any_length, fused_key, key, shader_name, wide_entry};
+use super::keys::{any_length, fused_key, key, shader_name, wide_entry, wide_op};
 use super::norm::{norm_apart, norm_store};
 use super::store::Dispatch;
 use super::tuning::{
@@ -189,7 +189,8 @@ impl<'a> Plan<'a> {
             k_split(ctx, self.w)
         };
         // Row groups a subgroup takes per step: packed short rows, or two in pairs.
-        let pack = if self.pairs(ctx, is_wide, split) {
+        let pairs = self.pairs(ctx, is_wide, split);
+        let pack = if pairs {
             2
         } else {
             self.pack(ctx, is_wide, split)
@@ -203,7 +204,6 @@ impl<'a> Plan<'a> {
             digits.apply(&mut d.params);
             d.b.push((19, &*digits.buf.buffer));
         }
-        let pairs = self.pairs(ctx, is_wide, split);
         let mut pipeline = self.pipeline(entry, per_sg, tile, d.params.x_mode, d.y0_mode, pairs);
         if pack > 1 {
             pipeline = pipeline.constant("PACK", pack as f64);
@@ -256,12 +256,7 @@ impl<'a> Plan<'a> {
         if is_wide && self.digits.is_some() {
             idot::key_of("matvec_wide_idot", w, wide_entry(entry), per_sg, tile)
         } else if is_wide {
-            let op = if pairs {
-                "matvec_wide_stash"
-            } else {
-                "matvec_wide"
-            };
-            fused_key(op, w, wide_entry(entry), per_sg, tile, 0)
+            fused_key(wide_op(pairs), w, wide_entry(entry), per_sg, tile, 0)
                 .constant("XPERM", f64::from(u8::from(self.task_order.is_some())))
         } else if self.digits.is_some() || self.local.is_some() {
             let op = if x_mode == 3 {

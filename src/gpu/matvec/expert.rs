@@ -3,7 +3,7 @@
 //! expert for prefill ([`matvec_group`]).
 
 use super::dense::permuted_x;
-use super::keys::{fused_key, key};
+use super::keys::{fused_key, key, wide_op};
 use super::tuning::{
     TILE, glu_pairs, glu_rows_per_wg, rows_per_subgroup, subgroup_size, tile_rows, wg_size,
     wide_items, wide_ok, wide_pairs, wide_rounds, xperm,
@@ -352,15 +352,17 @@ pub fn matvec_group(
         } else if digits.is_some() {
             idot::key(w, "matvec_group", per_sg, TILE)
         } else if wide {
-            let op = if rounds || pairs {
-                "matvec_wide_stash"
-            } else {
-                "matvec_wide"
-            };
-            fused_key(op, w, "matvec_group_wide", per_sg, tile, 0)
-                .constant("XPERM", f64::from(u8::from(task_order.is_some())))
-                .constant("ROUNDS", f64::from(u8::from(rounds)))
-                .constant("PAIRS", f64::from(u8::from(pairs)))
+            fused_key(
+                wide_op(rounds || pairs),
+                w,
+                "matvec_group_wide",
+                per_sg,
+                tile,
+                0,
+            )
+            .constant("XPERM", f64::from(u8::from(task_order.is_some())))
+            .constant("ROUNDS", f64::from(u8::from(rounds)))
+            .constant("PAIRS", f64::from(u8::from(pairs)))
         } else {
             key(
                 w,

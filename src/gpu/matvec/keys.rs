@@ -64,6 +64,16 @@ pub(super) fn specialise(
         .constant("X_MODE", x_mode as f64)
 }
 
+/// The wide tiles' assembly: with the stash of their rounds and pairs (`matvec_wide_stash`) only
+/// where a pipeline runs them, so that the others keep their workgroup memory.
+pub(super) fn wide_op(stash: bool) -> &'static str {
+    if stash {
+        "matvec_wide_stash"
+    } else {
+        "matvec_wide"
+    }
+}
+
 /// The wide-tile twin (quant/rows_wide.wgsl) of a dense store's entry point.
 pub(super) fn wide_entry(entry: &'static str) -> &'static str {
     match entry {
