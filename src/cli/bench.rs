@@ -873,6 +873,10 @@ fn bench_model(
     let median = per_token.get(per_token.len() / 2).copied().unwrap_or(0.0);
     drop(seq);
     let sampled = sampled_decode(&base, &tokens, shortest)?;
+    let step_gpu = match &gpu_backend {
+        Some(_) => step_gpu_seconds(&base, &tokens, shortest)?,
+        None => None,
+    };
     let decode_parallel = if parallel_counts.is_empty() {
         serde_json::Value::Null
     } else {
@@ -937,6 +941,17 @@ fn bench_model(
             "decode  {:>6} tokens: {tps:>10.1} tok/s sampled (top-k 20, top-p 0.95, temperature \
              0.6): {what}",
             args.decode
+        );
+    }
+    // The host's share of a sampled step: its wall time less the GPU's own time for it.
+    let host_overhead = step_gpu.map(|g| 1.0 / sampled.0.max(1e-12) - g);
+    if let (Some(g), Some(o)) = (step_gpu, host_overhead) {
+        eprintln!(
+            "decode step on the GPU: {:.3} ms (median, the step in one pass timed at its ends); \
+             host overhead {:.3} ms per token (the sampled step's {:.3} ms wall less that)",
+            g * 1e3,
+            o * 1e3,
+            1e3 / sampled.0.max(1e-12)
         );
     }
     if let (Some(b), Some(a), Some(r)) = (bytes_per_token, achieved, read_gbps) {
@@ -1034,6 +1049,8 @@ fn bench_model(
         "decode_median_ms_per_token": median * 1e3,
         "decode_sampled_top_tokens_per_second": sampled.0,
         "decode_sampled_row_tokens_per_second": sampled.1,
+        "decode_step_gpu_ms": step_gpu.map(|g| g * 1e3),
+        "decode_host_overhead_ms": host_overhead.map(|o| o * 1e3),
         "decode_parallel": decode_parallel,
         "weight_bytes_per_decoded_token": bytes_per_token,
         "achieved_gbps": achieved,
@@ -1080,6 +1097,35 @@ fn sampled_decode(base: &Prompted, tokens: &[u32], prompt: usize) -> anyhow::Res
         *rate = 1.0 / median.max(1e-12);
     }
     Ok((rates[0], rates[1]))
+}
+
+/// The GPU's own time for a sampled decode step (the median of the tokens after
+/// `tokens[..prompt + 1]`, at most 16): each step's forward and candidate pass recorded in one
+/// pass with a timestamp at each end, so nothing of the host's recording, submission or readback
+/// is in it. `None` where the adapter has no timestamp queries.
+fn step_gpu_seconds(base: &Prompted, tokens: &[u32], prompt: usize) -> anyhow::Result<Option<f64>> {
+    let params = crate::sampler::SamplingParams::default();
+    let sampler = crate::sampler::Sampler::new(&params, &tokens[..prompt])?;
+    let k = sampler
+        .top_only()
+        .context("the default sampling settings take the candidate path")?;
+    let mut seq = base.fork_gpu()?;
+    seq.set_span_timing(true);
+    let steps = tokens.iter().skip(prompt).take(17);
+    for &t in steps {
+        seq.feed_top(&[t], k)?;
+    }
+    let mut spans: Vec<f64> = seq
+        .take_timings()
+        .into_iter()
+        .skip(1)
+        .map(|(_, ns)| ns * 1e-9)
+        .collect();
+    if spans.is_empty() {
+        return Ok(None);
+    }
+    spans.sort_by(f64::total_cmp);
+    Ok(Some(spans[spans.len() / 2]))
 }
 
 const ABLATE_STEPS: usize = 16;

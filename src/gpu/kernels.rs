@@ -16,6 +16,9 @@ pub struct Dispatch {
     bind_group: wgpu::BindGroup,
     immediates: Vec<u8>,
     workgroups: [u32; 3],
+    /// Buffers moved to the read-only storage state just before this dispatch (see
+    /// [`Recorder::read_only`]).
+    read_first: Vec<wgpu::Buffer>,
 }
 
 /// Bind groups already built, keyed by pipeline and bound buffers. A sequence keeps one across
@@ -40,6 +43,8 @@ pub fn set_ablated(label: Option<&str>) {
 pub struct Recorder {
     pub dispatches: Vec<Dispatch>,
     cache: Option<BindGroupCache>,
+    /// [`Self::read_only`]'s buffers, for the next dispatch pushed.
+    read_first: Vec<wgpu::Buffer>,
 }
 
 impl Recorder {
@@ -55,6 +60,7 @@ impl Recorder {
         Self {
             dispatches: Vec::new(),
             cache: Some(cache),
+            read_first: Vec::new(),
         }
     }
 
@@ -73,6 +79,17 @@ impl Recorder {
         self.dispatches.len()
     }
 
+    /// Move `buffers` to the read-only storage state together with the next dispatch's own
+    /// transitions, so a later dispatch that only reads them needs no barrier of its own and can
+    /// run beside that one. wgpu-core puts a barrier before every dispatch whose buffers change
+    /// state (and before every write to a buffer already written in the pass); on Vulkan a
+    /// barrier waits for every earlier dispatch. This changes where the GPU waits, never what a
+    /// kernel reads: wgpu still tracks every state, so a write after this gets its barrier.
+    pub fn read_only(&mut self, buffers: &[&GpuBuf]) {
+        self.read_first
+            .extend(buffers.iter().map(|b| (*b.buffer).clone()));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.dispatches.is_empty()
     }
@@ -80,9 +97,29 @@ impl Recorder {
     /// Encode every dispatch into one compute pass. With `timestamps`, a timestamp is written
     /// before the first dispatch and after each one (query i+1 ends dispatch i).
     pub fn encode(&self, encoder: &mut wgpu::CommandEncoder, timestamps: Option<&wgpu::QuerySet>) {
+        self.encode_pass(encoder, timestamps, None);
+    }
+
+    /// Encode every dispatch into one compute pass with a timestamp at each end of it (queries 0
+    /// and 1 of [`Self::span_timestamps`]): the GPU time of the whole pass, without the
+    /// per-dispatch timestamps' cost.
+    pub fn encode_span(&self, encoder: &mut wgpu::CommandEncoder, span: &Timestamps) {
+        self.encode_pass(encoder, None, Some(&span.set));
+    }
+
+    fn encode_pass(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        timestamps: Option<&wgpu::QuerySet>,
+        span: Option<&wgpu::QuerySet>,
+    ) {
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("strata"),
-            timestamp_writes: None,
+            timestamp_writes: span.map(|query_set| wgpu::ComputePassTimestampWrites {
+                query_set,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            }),
         });
         if let Some(q) = timestamps {
             pass.write_timestamp(q, 0);
@@ -90,6 +127,13 @@ impl Recorder {
         let guard = ABLATED.read().ok();
         let ablated = guard.as_ref().and_then(|a| a.as_deref());
         for (i, d) in self.dispatches.iter().enumerate() {
+            if !d.read_first.is_empty() {
+                let moves = d.read_first.iter().map(|buffer| wgpu::BufferTransition {
+                    buffer,
+                    state: wgpu::BufferUses::STORAGE_READ_ONLY,
+                });
+                pass.transition_resources(moves, std::iter::empty());
+            }
             if ablated == Some(d.label.as_str()) && timestamps.is_none() {
                 continue;
             }
@@ -138,27 +182,15 @@ impl Recorder {
         if !ctx.has_timestamps() || count > wgpu::QUERY_SET_MAX_QUERIES as usize {
             return None;
         }
-        let size = (count * 8) as u64;
-        Some(Timestamps {
-            set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("dispatch timestamps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: count as u32,
-            }),
-            resolve: ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("timestamp resolve"),
-                size,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
-            staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("timestamp readback"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
-            count: count as u32,
-        })
+        Some(Timestamps::new(ctx, count))
+    }
+
+    /// The two timestamps of [`Self::encode_span`]: `None` when the adapter has no timestamp
+    /// queries.
+    pub fn span_timestamps(&self, ctx: &GpuContext) -> Option<Timestamps> {
+        ctx.features
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+            .then(|| Timestamps::new(ctx, 2))
     }
 
     /// Append a dispatch of `shader`/`entry` binding `buffers` at bindings `0..`; `None` skips a
@@ -219,6 +251,7 @@ impl Recorder {
             bind_group,
             immediates: immediates.to_vec(),
             workgroups,
+            read_first: std::mem::take(&mut self.read_first),
         });
         Ok(())
     }
@@ -233,10 +266,46 @@ pub struct Timestamps {
 }
 
 impl Timestamps {
+    fn new(ctx: &GpuContext, count: usize) -> Self {
+        let size = (count * 8) as u64;
+        Timestamps {
+            set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("dispatch timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: count as u32,
+            }),
+            resolve: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamp resolve"),
+                size,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamp readback"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            count: count as u32,
+        }
+    }
+
     /// After `Recorder::encode(.., Some(&self.set))`: resolve into the readback buffer.
     pub fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
         encoder.resolve_query_set(&self.set, 0..self.count, &self.resolve, 0);
         encoder.copy_buffer_to_buffer(&self.resolve, 0, &self.staging, 0, self.count as u64 * 8);
+    }
+
+    /// After submission: nanoseconds between the first two timestamps (the pass of
+    /// [`Recorder::encode_span`]; waits for the GPU).
+    pub fn read_span(&self, ctx: &GpuContext) -> Result<f64, GpuError> {
+        let bytes = super::buffers::read_staging(ctx, &self.staging)?;
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
+        let period = ctx.queue.get_timestamp_period() as f64;
+        match ticks.as_slice() {
+            [start, end, ..] => Ok(end.saturating_sub(*start) as f64 * period),
+            _ => Err(GpuError::BadArgs("a span needs two timestamps".into())),
+        }
     }
 
     /// After submission: nanoseconds of each dispatch, labelled (waits for the GPU).

@@ -53,7 +53,9 @@ impl GpuBackend {
                 && t <= self.max_chunk
                 && cols + t <= BATCH_TOKENS
                 && item.top <= topk::TOP_CANDIDATES;
-            let ours = |s: &GpuSequence| !s.profile && std::ptr::eq(Arc::as_ptr(&s.backend), self);
+            let ours = |s: &GpuSequence| {
+                !s.profile && !s.span && std::ptr::eq(Arc::as_ptr(&s.backend), self)
+            };
             let joins = fits
                 && item
                     .sequence
@@ -536,6 +538,7 @@ impl GpuSequence {
             kv_tokens: 0,
             poisoned: false,
             profile: false,
+            span: false,
             timings: Vec::new(),
             bind_groups: BindGroupCache::new(),
         })

@@ -238,7 +238,7 @@ impl GpuSequence {
         let recorded = match checked_rows {
             Some(rows) => Ok(rows),
             // A profile needs every dispatch in one pass (its timestamps share a query set).
-            None => self.record(&mut rec, t, pos0, all_logits, !self.profile),
+            None => self.record(&mut rec, t, pos0, all_logits, !(self.profile || self.span)),
         }
         .and_then(|rows| {
             let source = record_readback(&b, &scratch, &mut rec, want).map_err(gpu_err)?;
@@ -267,8 +267,15 @@ impl GpuSequence {
         } else {
             None
         };
-        rec.encode(&mut encoder, timestamps.as_ref().map(|t| &t.set));
-        if let Some(t) = &timestamps {
+        let span = match self.span {
+            true => rec.span_timestamps(c),
+            false => None,
+        };
+        match &span {
+            Some(s) => rec.encode_span(&mut encoder, s),
+            None => rec.encode(&mut encoder, timestamps.as_ref().map(|t| &t.set)),
+        }
+        for t in timestamps.iter().chain(&span) {
             t.resolve(&mut encoder);
         }
         encoder.copy_buffer_to_buffer(&source.buffer, 0, &staging, 0, size);
@@ -283,6 +290,10 @@ impl GpuSequence {
         }
         if let Some(t) = &timestamps {
             self.timings.extend(t.read(c, &rec).map_err(gpu_err)?);
+        }
+        if let Some(s) = &span {
+            let ns = s.read_span(c).map_err(gpu_err)?;
+            self.timings.push(("step".into(), ns));
         }
         tracing::debug!(
             pos0,

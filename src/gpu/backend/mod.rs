@@ -520,6 +520,11 @@ struct Scratch {
     /// and on Vulkan a barrier waits for every earlier dispatch.)
     shared_gu_layers: Vec<GpuBuf>,
     shared_down: GpuBuf,
+    /// [`Self::shared_down`] of each layer, for the same steps as [`Self::shared_gu_layers`]:
+    /// where the block's finish is one dispatch (`GpuSequence::moe_resident_block`), the shared
+    /// down projection runs beside the router's top-k (`GpuSequence::moe_route`), writing a
+    /// buffer no earlier dispatch of the pass used.
+    shared_down_layers: Vec<GpuBuf>,
     shared_logit: GpuBuf,
     // PLE
     ple_embedding: GpuBuf,
@@ -552,6 +557,9 @@ pub struct GpuSequence {
     poisoned: bool,
     /// Collect per-dispatch GPU timestamps on the next feed (see [`GpuSequence::take_timings`]).
     profile: bool,
+    /// Time each feed's whole forward in one pass, with a timestamp at each end (see
+    /// [`GpuSequence::set_span_timing`]).
+    span: bool,
     timings: Vec<(String, f64)>,
     bind_groups: BindGroupCache,
 }

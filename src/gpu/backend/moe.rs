@@ -28,6 +28,12 @@ impl GpuSequence {
         if let Some(sh) = &w.shared {
             sh.gate_up.record(c, rec, x, &[shared_gu(s, w, sh, t)], t)?;
         }
+        let early = self.early_shared_down(w, t);
+        if let Some((sh, _)) = early {
+            // The top-k below waits for the router mat-vec anyway; the shared gate|up output
+            // changes state in the same barrier, so the shared down needs none of its own.
+            rec.read_only(&[shared_gu(s, w, sh, t).buf]);
+        }
         ops::moe_router(
             c,
             rec,
@@ -37,7 +43,62 @@ impl GpuSequence {
             m.n_expert,
             m.n_expert_used,
             t,
-        )
+        )?;
+        match early {
+            Some((sh, out)) => self.shared_down(rec, w, sh, out, t),
+            None => Ok(()),
+        }
+    }
+
+    /// The shared expert's down projection of `t` tokens into `out` (SwiGLU of its gate|up on
+    /// load).
+    fn shared_down(
+        &self,
+        rec: &mut Recorder,
+        w: &MoeGpu,
+        sh: &SharedGpu,
+        out: View,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        let c = &*self.backend.ctx;
+        let sgu = shared_gu(&self.scratch, w, sh, t);
+        let swiglu = XForm::Swiglu {
+            half: sh.down.row_len,
+        };
+        let swiglu = kernels::prepare_x(c, rec, &sh.down, sgu, swiglu, t)?;
+        kernels::matvec_with(c, rec, &sh.down, sgu, swiglu, Store::Rows(out), t)
+    }
+
+    /// Where the block's finish is one dispatch ([`Self::moe_resident_block`]) and the layer has
+    /// its own shared gate|up and down buffers for `t` tokens (a decode step): the shared expert
+    /// and the layer's own down output. [`Self::moe_route`] then records the shared down beside
+    /// the router's top-k (a single workgroup that leaves the GPU idle), where it waited for the
+    /// routed gate|up before. The same kernel on the same inputs, so the same bits.
+    fn early_shared_down<'w>(&self, w: &'w MoeGpu, t: usize) -> Option<(&'w SharedGpu, View<'_>)> {
+        let s = &self.scratch;
+        let (sh, _) = self.resident_block(w, t)?;
+        let own_gu = s.shared_gu_layers.get(w.layer)?;
+        let own_down = s.shared_down_layers.get(w.layer)?;
+        let h = self.backend.config.n_embd;
+        let fits = t * 2 * sh.down.row_len <= own_gu.len && t * h <= own_down.len;
+        fits.then(|| (sh, View::new(own_down, 0, h)))
+    }
+
+    /// The shared expert and resident experts of `w` where [`Self::moe_resident_block`] applies
+    /// to `t` tokens: every expert in one VRAM tensor (not pinned), not grouped, a shared
+    /// expert whose down projection can take the combine in its store.
+    fn resident_block<'w>(
+        &self,
+        w: &'w MoeGpu,
+        t: usize,
+    ) -> Option<(&'w SharedGpu, &'w ResidentExperts)> {
+        let b = &self.backend;
+        let m = &b.config.moe;
+        let (sh, e) = (w.shared.as_ref()?, w.experts.as_ref()?);
+        let grouped = grouped_experts(t, m.n_expert_used, m.n_expert, b.pinned.is_some());
+        let fused =
+            sh.combine_in_store && kernels::can_expert_combine(&b.ctx, &e.down, m.n_expert_used);
+        (b.pinned.is_none() && !grouped && fused).then_some((sh, e))
     }
 
     /// (width, experts per token, routed expert width).
@@ -180,27 +241,27 @@ impl GpuSequence {
         let c = &*b.ctx;
         let s = &self.scratch;
         let (h, k, f) = self.moe_dims();
-        let Some(sh) = &w.shared else {
+        let Some((sh, _)) = self.resident_block(w, t) else {
             return Ok(false);
         };
-        if b.pinned.is_some() || !sh.combine_in_store || !kernels::can_expert_combine(c, &e.down, k)
-        {
-            return Ok(false);
-        }
         let items = t * k;
         let gu = View::new(&s.expert_gu, 0, 2 * f);
         let x = View::new(&s.x_in, 0, h);
         kernels::matvec_expert_glu(c, rec, &e.gate_up, &s.expert_ids, k, x, gu, items)?;
-        let sf = sh.down.row_len;
-        let sgu = shared_gu(s, w, sh, t);
-        let swiglu = kernels::prepare_x(c, rec, &sh.down, sgu, XForm::Swiglu { half: sf }, t)?;
-        let rows = Store::Rows(View::new(&s.shared_down, 0, h));
-        kernels::matvec_with(c, rec, &sh.down, sgu, swiglu, rows, t)?;
+        // The shared down ran beside the router's top-k, or runs here.
+        let shared = match self.early_shared_down(w, t) {
+            Some((_, early)) => early,
+            None => {
+                let out = View::new(&s.shared_down, 0, h);
+                self.shared_down(rec, w, sh, out, t)?;
+                out
+            }
+        };
         let combine = kernels::ExpertCombine {
             ids: &s.expert_ids,
             slots: k,
             x: gu,
-            shared: &s.shared_down,
+            shared: shared.buf,
             weights: &s.expert_weights,
             logit: &s.shared_logit,
             wide: &s.wide,

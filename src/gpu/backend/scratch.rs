@@ -49,6 +49,7 @@ impl GpuSequence {
             kv_tokens,
             poisoned: false,
             profile: false,
+            span: false,
             timings: Vec::new(),
             bind_groups: BindGroupCache::new(),
         })
@@ -289,6 +290,14 @@ impl Scratch {
                 })
                 .collect::<Result<_, _>>()?,
             shared_down: z("shared down", t * h)?,
+            shared_down_layers: b
+                .layers
+                .iter()
+                .map(|l| match l.moe.shared {
+                    Some(_) => z("layer shared down", decode_t * h),
+                    None => z("layer shared down", 1),
+                })
+                .collect::<Result<_, _>>()?,
             shared_logit: z("shared logit", t)?,
             ple_embedding: z("ple embedding", t * ple_dim)?,
             ple_key: z("ple key", t * wide)?,

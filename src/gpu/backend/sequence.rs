@@ -58,6 +58,14 @@ impl GpuSequence {
         self.profile = on;
     }
 
+    /// Turn whole-step GPU timing on or off for later feeds: each feed records its forward in
+    /// one pass (not streamed) with a timestamp at each end, and [`Self::take_timings`] gets one
+    /// `("step", nanoseconds)` pair per feed: the GPU's own time for the step, which a feed's
+    /// host wall time exceeds by the host's share (recording, submission, readback, sampling).
+    pub fn set_span_timing(&mut self, on: bool) {
+        self.span = on;
+    }
+
     /// The (dispatch label, nanoseconds) pairs collected since the last call.
     pub fn take_timings(&mut self) -> Vec<(String, f64)> {
         std::mem::take(&mut self.timings)
