@@ -6,7 +6,9 @@
 #   bits.txt   the tiny IQ3_S p300 logits md5 over prefill chunks 1 and 300, both binaries (equal
 #              unless the change is meant to change the arithmetic);
 #   ab.txt     `bench --model F.gguf $ARGS` (default `--prefill 512 --decode 64`) three times on
-#              the 48-layer file (LAYERS, SKEW), each run's decode lines and kernel tables.
+#              the 48-layer file (LAYERS, SKEW), each run's decode lines and kernel tables;
+#              then, with EXTRA="A=1;A=2 B=3", the new binary once more under each ;-separated
+#              set of environment settings.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
@@ -37,3 +39,11 @@ for b in strata base strata; do
         | grep -E -A12 "^prefill chunk|^decode step|tok/s|on the GPU|streaming read" | grep -v WARN
     date
 done | tee "$OUT/ab.txt"
+IFS=';' read -ra sets <<< "${EXTRA:-}"
+for set in "${sets[@]}"; do
+    echo "== strata under $set: bench --model F.gguf $ARGS"
+    # shellcheck disable=SC2086
+    env $set /tmp/strata bench --model /tmp/f.gguf $ARGS 2>&1 \
+        | grep -E -A12 "^prefill chunk|^decode step|tok/s|on the GPU|streaming read" | grep -v WARN
+    date
+done | tee -a "$OUT/ab.txt"
