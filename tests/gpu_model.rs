@@ -195,6 +195,42 @@ fn fork_continues_bit_identically() {
     assert!(same_bits(&from_fork, expected), "fork differs from one run");
 }
 
+/// Decode steps recorded ahead, while the GPU runs the step before (`forward::Prepared`, forced
+/// on here: a CPU adapter does not take them by default), give the bits of the prompt fed whole:
+/// token by token with the logits read back, with the GPU's candidates now and then (a step
+/// prepared for the other kind of readback is dropped and recorded anew), and with another
+/// sequence fed between the steps (it shares the chunk buffers the prepared step binds).
+#[test]
+fn steps_recorded_ahead_give_the_same_bits() {
+    let Some(ctx) = context() else { return };
+    strata::gpu::backend::set_prepare_ahead(true);
+    let backend = load(&ctx, "IQ3_S");
+    let ids = prompt_ids("p64eos");
+    let other = prompt_ids("p7");
+    let whole = run(&backend, &ids, ids.len());
+    let vocab = backend.info().vocab_size;
+    let split = 40;
+    let mut seq = Arc::clone(&backend).new_sequence().expect("sequence");
+    seq.feed(&ids[..split], false).expect("prefix");
+    let mut interloper = Arc::clone(&backend).new_sequence().expect("other sequence");
+    for (i, &id) in ids.iter().enumerate().skip(split) {
+        let row = &whole[i * vocab..(i + 1) * vocab];
+        if i % 6 == 3 {
+            let top = seq.feed_top(&[id], 8).expect("candidates");
+            assert_eq!(top, strata::sampler::top_candidates(row, 8), "position {i}");
+        } else {
+            let got = seq.feed(&[id], false).expect("decode");
+            assert!(
+                same_bits(&got, row),
+                "position {i} differs from the prompt fed whole"
+            );
+        }
+        if i % 5 == 0 {
+            interloper.feed(&other, false).expect("other sequence");
+        }
+    }
+}
+
 /// The GPU greedy path (argmax on the GPU, 8 bytes read back) picks the argmax of the logits
 /// the normal path returns, over a 20-token greedy continuation.
 #[test]

@@ -45,6 +45,9 @@ pub struct Recorder {
     cache: Option<BindGroupCache>,
     /// [`Self::read_only`]'s buffers, for the next dispatch pushed.
     read_first: Vec<wgpu::Buffer>,
+    /// When [`Self::flush`] first handed dispatches to the GPU (the host's share of a step's
+    /// latency ends there).
+    first_flush: Option<std::time::Instant>,
 }
 
 impl Recorder {
@@ -61,6 +64,7 @@ impl Recorder {
             dispatches: Vec::new(),
             cache: Some(cache),
             read_first: Vec::new(),
+            first_flush: None,
         }
     }
 
@@ -173,6 +177,12 @@ impl Recorder {
     pub fn flush(&mut self, ctx: &GpuContext) {
         self.submit(ctx);
         self.dispatches.clear();
+        self.first_flush.get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// When [`Self::flush`] first submitted (None if it never did).
+    pub fn first_flush(&self) -> Option<std::time::Instant> {
+        self.first_flush
     }
 
     /// Create the timestamp machinery for this recorder: `None` when the adapter has no

@@ -146,6 +146,9 @@ impl GpuBackend {
         let mut ready = Vec::new();
         let mut cols = 0;
         for mut m in members {
+            // A step a member recorded ahead for itself would read its caches at a position
+            // this pass fills.
+            m.seq.next = None;
             m.seq.tokens.extend_from_slice(m.tokens);
             m.col = cols;
             match m.seq.upload_ple_rows_to(&bs, cols, m.pos0, m.tokens.len()) {
@@ -541,6 +544,7 @@ impl GpuSequence {
             span: false,
             timings: Vec::new(),
             bind_groups: BindGroupCache::new(),
+            next: None,
         })
     }
 }

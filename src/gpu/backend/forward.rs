@@ -21,6 +21,46 @@ pub(super) enum Got {
     Top(Vec<(u32, f32)>),
 }
 
+/// The next decode step, recorded and encoded while the GPU ran the one before
+/// ([`GpuSequence::feed_chunk`]): one token at `pos0`, reading back what `want` asks. Its feed
+/// only writes the token (and its PLE rows) and submits it, so the GPU waits for the host's
+/// sampling and a few writes between steps instead of for the recording of the step's first
+/// dispatches. The same dispatches as a step recorded then, so the same bits.
+pub(super) struct Prepared {
+    pos0: usize,
+    want: Want,
+    commands: wgpu::CommandBuffer,
+    staging: wgpu::Buffer,
+}
+
+/// [`set_prepare_ahead`]'s setting: 0 none (the environment decides), 1 off, 2 on.
+static PREPARE_SET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Record decode steps ahead ([`Prepared`]) or not, for this process, whatever `STRATA_PREPARE`
+/// and the adapter say: the tests that check the prepared steps' bits turn it on.
+pub fn set_prepare_ahead(on: bool) {
+    PREPARE_SET.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether decode steps are recorded ahead on `ctx`: on a GPU unless `STRATA_PREPARE=0` (an A/B
+/// switch for the bench); on a CPU adapter (lavapipe) only with `STRATA_PREPARE=1`, since there
+/// the host's recording takes the cores the "GPU" runs on.
+fn prepare_ahead(ctx: &crate::gpu::GpuContext) -> bool {
+    static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    match PREPARE_SET.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let env = ENV.get_or_init(|| match std::env::var("STRATA_PREPARE").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            });
+            env.unwrap_or(ctx.adapter.device_type != "Cpu")
+        }
+    }
+}
+
 impl GpuSequence {
     /// Record the forward pass of `t` tokens at positions pos0.. (ids and PLE rows already
     /// uploaded). Logits land in `scratch.logits`: all rows, or only the last token's in row 0.
@@ -226,6 +266,7 @@ impl GpuSequence {
         let _feeding = scratch::lock(&b.feed_lock);
         self.scratch.ids.write_u32(c, 0, chunk).map_err(gpu_err)?;
         self.upload_ple_rows(pos0, t)?;
+        let uploaded = std::time::Instant::now();
         // Diagnostic mode runs the forward stage by stage (the recorder below then only adds the
         // argmax or candidate passes, if any, and the readback).
         let checked_rows = if b.check_stages {
@@ -233,6 +274,21 @@ impl GpuSequence {
         } else {
             None
         };
+        let prepared = self
+            .next
+            .take()
+            .filter(|p| t == 1 && !all_logits && p.pos0 == pos0 && p.want == want);
+        if let Some(p) = prepared.filter(|_| checked_rows.is_none()) {
+            c.queue.submit([p.commands]);
+            self.prepare_next(pos0 + t, want, t == 1 && !all_logits);
+            let bytes = read_staging(c, &p.staging).map_err(gpu_err)?;
+            tracing::debug!(
+                pos0,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "prepared step fed"
+            );
+            return read_back(bytes, want, b.config.vocab_size, pos0, pos0, false);
+        }
         let scratch = Arc::clone(&self.scratch);
         let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
         let recorded = match checked_rows {
@@ -245,6 +301,7 @@ impl GpuSequence {
             Ok((rows, source))
         });
         self.bind_groups = rec.take_cache();
+        let recorded_at = std::time::Instant::now();
         let (rows, source) = recorded?;
         let v = b.config.vocab_size;
         let (source, size) = match source {
@@ -281,7 +338,12 @@ impl GpuSequence {
         encoder.copy_buffer_to_buffer(&source.buffer, 0, &staging, 0, size);
         let routing = b.routing_readback(&mut encoder, &self.scratch, t);
         c.queue.submit([encoder.finish()]);
+        let submitted = std::time::Instant::now();
+        if checked_rows.is_none() {
+            self.prepare_next(pos0 + t, want, t == 1 && !all_logits);
+        }
         let bytes = read_staging(c, &staging).map_err(gpu_err)?;
+        let read_at = std::time::Instant::now();
         if let (Some(staging), Some(pinned)) = (routing, &b.pinned) {
             let log: Vec<u32> =
                 bytemuck::pod_collect_to_vec(&read_staging(c, &staging).map_err(gpu_err)?);
@@ -295,43 +357,142 @@ impl GpuSequence {
             let ns = s.read_span(c).map_err(gpu_err)?;
             self.timings.push(("step".into(), ns));
         }
+        // Where the host's time goes (`RUST_LOG=strata=debug`): before the first dispatch is
+        // recorded (uploads), until the GPU first gets work, recording, the last submission, and
+        // waiting for the readback.
+        let us = |from: std::time::Instant, to: std::time::Instant| {
+            to.saturating_duration_since(from).as_secs_f64() * 1e6
+        };
         tracing::debug!(
             pos0,
             tokens = t,
             ms = started.elapsed().as_secs_f64() * 1e3,
+            upload_us = us(started, uploaded),
+            first_submit_us = us(started, rec.first_flush().unwrap_or(submitted)),
+            record_us = us(uploaded, recorded_at),
+            submit_us = us(recorded_at, submitted),
+            wait_us = us(submitted, read_at),
+            after_us = us(read_at, std::time::Instant::now()),
             "chunk fed"
         );
-        let last = pos0 + t - 1;
-        let bad_logits = |position| EngineError::NonFinite {
-            stage: "GPU logits".into(),
-            position,
-        };
-        match want {
-            Want::Argmax => {
-                let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-                match words.as_slice() {
-                    [id, 0] => Ok(Got::Argmax(*id)),
-                    _ => Err(bad_logits(last)),
-                }
+        read_back(
+            bytes,
+            want,
+            b.config.vocab_size,
+            pos0,
+            pos0 + t - 1,
+            all_logits,
+        )
+    }
+
+    /// While the GPU runs the step just submitted: record and encode the next one-token step at
+    /// `pos0` ([`Prepared`]), where the backend's mode allows it (every expert resident, no
+    /// diagnostics, no profile) and this step was one token (decode). Anything that goes wrong
+    /// here only means that the next feed records its step itself.
+    fn prepare_next(&mut self, pos0: usize, want: Want, one_token: bool) {
+        let b = Arc::clone(&self.backend);
+        let eligible = prepare_ahead(&b.ctx)
+            && one_token
+            && pos0 == self.tokens.len()
+            && !(self.profile || self.span || b.check_stages)
+            && b.tier.is_none()
+            && b.pinned.is_none()
+            && pos0 < b.info.context_length;
+        if !eligible {
+            return;
+        }
+        match self.prepare_step(pos0, want) {
+            Ok(p) => self.next = Some(Box::new(p)),
+            Err(e) => tracing::debug!(pos0, error = %e, "next step not prepared"),
+        }
+    }
+
+    /// Record and encode the one-token step at `pos0` reading back what `want` asks.
+    fn prepare_step(&mut self, pos0: usize, want: Want) -> Result<Prepared, EngineError> {
+        // Room for the token first: a cache that grows gets new buffers (filled by copies that
+        // run in queue order, after the step just submitted).
+        self.reserve_kv(pos0 + 1).map_err(gpu_err)?;
+        let b = Arc::clone(&self.backend);
+        let c = &*b.ctx;
+        let scratch = Arc::clone(&self.scratch);
+        let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
+        let recorded = self
+            .record(&mut rec, 1, pos0, false, false)
+            .and_then(|rows| {
+                let source = record_readback(&b, &scratch, &mut rec, want).map_err(gpu_err)?;
+                Ok((
+                    rows,
+                    source.map(|(buf, size)| (Arc::clone(&buf.buffer), size)),
+                ))
+            });
+        self.bind_groups = rec.take_cache();
+        let (rows, source) = recorded?;
+        let (source, size) = source.unwrap_or_else(|| {
+            let bytes = rows * b.config.vocab_size * 4;
+            (Arc::clone(&scratch.logits.buffer), bytes as u64)
+        });
+        let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = c
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("prepared token"),
+            });
+        rec.encode(&mut encoder, None);
+        encoder.copy_buffer_to_buffer(&source, 0, &staging, 0, size);
+        Ok(Prepared {
+            pos0,
+            want,
+            commands: encoder.finish(),
+            staging,
+        })
+    }
+}
+
+/// What `want` asked of a feed, from the bytes read back: the argmax, the candidates or the
+/// logits rows (all of the chunk's, from position `pos0`, with `all_logits`; else the row of
+/// position `last`), checked for non-finite values.
+fn read_back(
+    bytes: Vec<u8>,
+    want: Want,
+    v: usize,
+    pos0: usize,
+    last: usize,
+    all_logits: bool,
+) -> Result<Got, EngineError> {
+    let bad_logits = |position| EngineError::NonFinite {
+        stage: "GPU logits".into(),
+        position,
+    };
+    match want {
+        Want::Argmax => {
+            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            match words.as_slice() {
+                [id, 0] => Ok(Got::Argmax(*id)),
+                _ => Err(bad_logits(last)),
             }
-            Want::Top => {
-                let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-                topk::decode(&words, v)
-                    .map(Got::Top)
-                    .map_err(|_| bad_logits(last))
+        }
+        Want::Top => {
+            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            topk::decode(&words, v)
+                .map(Got::Top)
+                .map_err(|_| bad_logits(last))
+        }
+        Want::Logits => {
+            let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            if let Some(bad) = first_non_finite(&logits) {
+                let position = if all_logits {
+                    pos0 + bad / v.max(1)
+                } else {
+                    last
+                };
+                return Err(bad_logits(position));
             }
-            Want::Logits => {
-                let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-                if let Some(bad) = first_non_finite(&logits) {
-                    let position = if all_logits {
-                        pos0 + bad / v.max(1)
-                    } else {
-                        last
-                    };
-                    return Err(bad_logits(position));
-                }
-                Ok(Got::Logits(logits))
-            }
+            Ok(Got::Logits(logits))
         }
     }
 }

@@ -243,6 +243,7 @@ pub struct GpuBackend {
 
 mod batch;
 pub use batch::BATCH_TOKENS;
+pub use forward::set_prepare_ahead;
 mod forward;
 mod gdn;
 mod hc;
@@ -562,4 +563,6 @@ pub struct GpuSequence {
     span: bool,
     timings: Vec<(String, f64)>,
     bind_groups: BindGroupCache,
+    /// The next decode step, recorded while the GPU ran this one (`forward::Prepared`).
+    next: Option<Box<forward::Prepared>>,
 }

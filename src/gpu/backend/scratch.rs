@@ -52,6 +52,7 @@ impl GpuSequence {
             span: false,
             timings: Vec::new(),
             bind_groups: BindGroupCache::new(),
+            next: None,
         })
     }
 
@@ -67,6 +68,8 @@ impl GpuSequence {
             return Ok(());
         }
         let grown = tokens.max(2 * self.kv_tokens).min(ctx_len);
+        // A step recorded ahead binds the caches this replaces.
+        self.next = None;
         // Every new cache first, so a failed allocation leaves the sequence as it was.
         let mut bigger = Vec::new();
         for (i, l) in b.layers.iter().enumerate() {
