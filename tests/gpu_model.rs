@@ -203,8 +203,8 @@ fn fork_continues_bit_identically() {
 #[test]
 fn steps_recorded_ahead_give_the_same_bits() {
     let Some(ctx) = context() else { return };
-    strata::gpu::backend::set_prepare_ahead(true);
     let backend = load(&ctx, "IQ3_S");
+    backend.set_prepare_ahead(true);
     let ids = prompt_ids("p64eos");
     let other = prompt_ids("p7");
     let whole = run(&backend, &ids, ids.len());

@@ -33,21 +33,23 @@ pub(super) struct Prepared {
     staging: wgpu::Buffer,
 }
 
-/// [`set_prepare_ahead`]'s setting: 0 none (the environment decides), 1 off, 2 on.
-static PREPARE_SET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Record decode steps ahead ([`Prepared`]) or not, for this process, whatever `STRATA_PREPARE`
-/// and the adapter say: the tests that check the prepared steps' bits turn it on.
-pub fn set_prepare_ahead(on: bool) {
-    PREPARE_SET.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+impl GpuBackend {
+    /// Record this backend's decode steps ahead ([`Prepared`]) or not, whatever `STRATA_PREPARE`
+    /// and the adapter say: the tests that check the prepared steps' bits turn it on for their
+    /// own backend.
+    pub fn set_prepare_ahead(&self, on: bool) {
+        let value = if on { 2 } else { 1 };
+        self.prepare
+            .store(value, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
-/// Whether decode steps are recorded ahead on `ctx`: on a GPU unless `STRATA_PREPARE=0` (an A/B
-/// switch for the bench); on a CPU adapter (lavapipe) only with `STRATA_PREPARE=1`, since there
-/// the host's recording takes the cores the "GPU" runs on.
-fn prepare_ahead(ctx: &crate::gpu::GpuContext) -> bool {
+/// Whether `b` records decode steps ahead: on a GPU unless `STRATA_PREPARE=0` (an A/B switch for
+/// the bench); on a CPU adapter (lavapipe) only with `STRATA_PREPARE=1`, since there the host's
+/// recording takes the cores the kernels run on.
+fn prepare_ahead(b: &GpuBackend) -> bool {
     static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    match PREPARE_SET.load(std::sync::atomic::Ordering::Relaxed) {
+    match b.prepare.load(std::sync::atomic::Ordering::Relaxed) {
         1 => false,
         2 => true,
         _ => {
@@ -56,7 +58,7 @@ fn prepare_ahead(ctx: &crate::gpu::GpuContext) -> bool {
                 Ok("1") => Some(true),
                 _ => None,
             });
-            env.unwrap_or(ctx.adapter.device_type != "Cpu")
+            env.unwrap_or(b.ctx.adapter.device_type != "Cpu")
         }
     }
 }
@@ -391,7 +393,7 @@ impl GpuSequence {
     /// here only means that the next feed records its step itself.
     fn prepare_next(&mut self, pos0: usize, want: Want, one_token: bool) {
         let b = Arc::clone(&self.backend);
-        let eligible = prepare_ahead(&b.ctx)
+        let eligible = prepare_ahead(&b)
             && one_token
             && pos0 == self.tokens.len()
             && !(self.profile || self.span || b.check_stages)

@@ -582,6 +582,7 @@ impl GpuBackend {
             max_chunk,
             kv_initial_tokens: KV_INITIAL_TOKENS,
             check_stages: std::env::var_os("STRATA_GPU_CHECK").is_some_and(|v| v != "0"),
+            prepare: std::sync::atomic::AtomicU8::new(0),
             scratch: std::sync::Mutex::new(None),
             batch_scratch: std::sync::Mutex::new(None),
             batch_binds: std::sync::Mutex::new(BindGroupCache::new()),

@@ -216,6 +216,9 @@ pub struct GpuBackend {
     kv_initial_tokens: usize,
     /// `STRATA_GPU_CHECK=1`: check the residual after every layer (slow; names the first bad stage).
     check_stages: bool,
+    /// [`GpuBackend::set_prepare_ahead`]'s setting: 0 none (the environment and the adapter
+    /// decide), 1 off, 2 on.
+    prepare: std::sync::atomic::AtomicU8,
     weight_bytes: usize,
     /// Tiered mode: the expert slot arenas and their slot table (`None`: every expert resident).
     tier: Option<ExpertTier>,
@@ -243,7 +246,6 @@ pub struct GpuBackend {
 
 mod batch;
 pub use batch::BATCH_TOKENS;
-pub use forward::set_prepare_ahead;
 mod forward;
 mod gdn;
 mod hc;
