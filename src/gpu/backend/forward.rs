@@ -291,31 +291,12 @@ impl GpuSequence {
             );
             return read_back(bytes, want, b.config.vocab_size, pos0, pos0, false);
         }
-        let scratch = Arc::clone(&self.scratch);
-        let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
-        let recorded = match checked_rows {
-            Some(rows) => Ok(rows),
-            // A profile needs every dispatch in one pass (its timestamps share a query set).
-            None => self.record(&mut rec, t, pos0, all_logits, !(self.profile || self.span)),
-        }
-        .and_then(|rows| {
-            let source = record_readback(&b, &scratch, &mut rec, want).map_err(gpu_err)?;
-            Ok((rows, source))
-        });
-        self.bind_groups = rec.take_cache();
+        // A profile needs every dispatch in one pass (its timestamps share a query set).
+        let stream = !(self.profile || self.span);
+        let recorded = self.record_step(t, pos0, all_logits, want, stream, checked_rows);
         let recorded_at = std::time::Instant::now();
-        let (rows, source) = recorded?;
-        let v = b.config.vocab_size;
-        let (source, size) = match source {
-            Some(s) => s,
-            None => (&scratch.logits, (rows * v * 4) as u64),
-        };
-        let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("logits readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let (rec, source, size) = recorded?;
+        let staging = readback_buffer(c, size);
         let mut encoder = c
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -337,7 +318,7 @@ impl GpuSequence {
         for t in timestamps.iter().chain(&span) {
             t.resolve(&mut encoder);
         }
-        encoder.copy_buffer_to_buffer(&source.buffer, 0, &staging, 0, size);
+        encoder.copy_buffer_to_buffer(&source, 0, &staging, 0, size);
         let routing = b.routing_readback(&mut encoder, &self.scratch, t);
         c.queue.submit([encoder.finish()]);
         let submitted = std::time::Instant::now();
@@ -387,6 +368,41 @@ impl GpuSequence {
         )
     }
 
+    /// Record the forward of `t` tokens at `pos0` (unless diagnostic mode already ran it:
+    /// `checked` rows) and the passes `want` adds, submitting along the way with `stream`; returns
+    /// the recorder (its bind-group cache handed back) and the buffer and bytes to read back.
+    fn record_step(
+        &mut self,
+        t: usize,
+        pos0: usize,
+        all_logits: bool,
+        want: Want,
+        stream: bool,
+        checked: Option<usize>,
+    ) -> Result<(Recorder, Arc<wgpu::Buffer>, u64), EngineError> {
+        let b = Arc::clone(&self.backend);
+        let scratch = Arc::clone(&self.scratch);
+        let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
+        let recorded = match checked {
+            Some(rows) => Ok(rows),
+            None => self.record(&mut rec, t, pos0, all_logits, stream),
+        }
+        .and_then(|rows| {
+            let source = record_readback(&b, &scratch, &mut rec, want).map_err(gpu_err)?;
+            Ok((
+                rows,
+                source.map(|(buf, size)| (Arc::clone(&buf.buffer), size)),
+            ))
+        });
+        self.bind_groups = rec.take_cache();
+        let (rows, source) = recorded?;
+        let (source, size) = source.unwrap_or_else(|| {
+            let bytes = rows * b.config.vocab_size * 4;
+            (Arc::clone(&scratch.logits.buffer), bytes as u64)
+        });
+        Ok((rec, source, size))
+    }
+
     /// While the GPU runs the step just submitted: record and encode the next one-token step at
     /// `pos0` ([`Prepared`]), where the backend's mode allows it (every expert resident, no
     /// diagnostics, no profile) and this step was one token (decode). Anything that goes wrong
@@ -416,29 +432,8 @@ impl GpuSequence {
         self.reserve_kv(pos0 + 1).map_err(gpu_err)?;
         let b = Arc::clone(&self.backend);
         let c = &*b.ctx;
-        let scratch = Arc::clone(&self.scratch);
-        let mut rec = Recorder::with_cache(std::mem::take(&mut self.bind_groups));
-        let recorded = self
-            .record(&mut rec, 1, pos0, false, false)
-            .and_then(|rows| {
-                let source = record_readback(&b, &scratch, &mut rec, want).map_err(gpu_err)?;
-                Ok((
-                    rows,
-                    source.map(|(buf, size)| (Arc::clone(&buf.buffer), size)),
-                ))
-            });
-        self.bind_groups = rec.take_cache();
-        let (rows, source) = recorded?;
-        let (source, size) = source.unwrap_or_else(|| {
-            let bytes = rows * b.config.vocab_size * 4;
-            (Arc::clone(&scratch.logits.buffer), bytes as u64)
-        });
-        let staging = c.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("logits readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let (rec, source, size) = self.record_step(1, pos0, false, want, false, None)?;
+        let staging = readback_buffer(c, size);
         let mut encoder = c
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -453,6 +448,16 @@ impl GpuSequence {
             staging,
         })
     }
+}
+
+/// A host-readable buffer of `size` bytes for a feed's readback.
+fn readback_buffer(c: &crate::gpu::GpuContext, size: u64) -> wgpu::Buffer {
+    c.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("logits readback"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
 }
 
 /// What `want` asked of a feed, from the bytes read back: the argmax, the candidates or the
